@@ -1,0 +1,79 @@
+"""GLM-5.3 (``glm_moe_dsa``): MLA + DSA indexer, 3 dense + 75 MoE layers, 256 routed + 1 shared expert.
+
+Megatron side: Megatron-Bridge's ``GLM5Bridge`` builds the model (SkyRL 0.4 uses it); this adapter
+only supplies facts, LoRA targets and tiny checkpoints.
+"""
+
+from __future__ import annotations
+
+from skyrl_glm.models.base import LoraPolicy, ModelFamily
+from skyrl_glm.models.targets import dsa_indexer, mla_attention, moe_mlp
+
+# Full-size config (transformers' GlmMoeDsaConfig defaults equal GLM-5.3's published config).
+FACTS = {
+    "total_params": "744B",
+    "active_params": "40B",
+    "hidden_size": 6144,
+    "num_hidden_layers": 78,
+    "first_k_dense_replace": 3,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "intermediate_size": 12288,
+    "num_attention_heads": 64,
+    "q_lora_rank": 2048,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 192,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 256,
+    "index_topk": 2048,
+    "vocab_size": 154880,
+}
+
+
+def full_config():
+    from transformers import GlmMoeDsaConfig
+
+    return GlmMoeDsaConfig()
+
+
+def tiny_config():
+    """Every GLM-5.3 structure at toy width. kv_lora_rank 512 + qk_rope 64 is what vLLM's CPU MLA
+    kernel takes (576); index_topk 512 >= max_position_embeddings makes DSA select every key."""
+    from transformers import GlmMoeDsaConfig
+
+    return GlmMoeDsaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        q_lora_rank=32,
+        kv_lora_rank=512,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=64,
+        v_head_dim=32,
+        head_dim=64,
+        index_topk=512,
+        index_head_dim=32,
+        index_n_heads=2,
+        max_position_embeddings=512,
+    )
+
+
+FAMILY = ModelFamily(
+    name="glm-5.3",
+    hf_model_type="glm_moe_dsa",
+    summary="GLM-5.3: MLA + DSA sparse attention, 256+1 experts",
+    facts=FACTS,
+    lora=LoraPolicy(
+        targets=tuple(mla_attention() + dsa_indexer() + moe_mlp()),
+        megatron_lora_kwargs={"share_expert_adapters": True},
+    ),
+    tiny_config=tiny_config,
+)

@@ -1,0 +1,44 @@
+"""vLLM general plugin (entry point ``vllm.general_plugins``): runs in every vLLM process.
+
+* Installs SkyRL's in-memory LoRA loader (``skyrl-memory://<name>`` adapters built from staged tensors).
+* On CPU only: keeps the CPU fused-MoE backend when LoRA is enabled. vLLM otherwise forces the Triton
+  MoE-LoRA backend, which fails on CPU; routed experts then carry no LoRA, so the target list must
+  exclude them (the model policies do, for sampler ``vllm-cpu``).
+* Registers the dense-MLA GLM-5.3 class for CPU serving (see :mod:`skyrl_glm.models.glm5_vllm_cpu`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+_DONE = False
+
+
+def _keep_cpu_moe_backend_with_lora() -> None:
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
+
+    original = FusedMoEConfig.__post_init__
+
+    def post_init(self) -> None:
+        self.is_lora_enabled = False
+        original(self)
+
+    FusedMoEConfig.__post_init__ = post_init
+
+
+def register() -> None:
+    global _DONE
+    if _DONE:
+        return
+    _DONE = True
+    from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import apply_lora_in_memory_patch
+    from vllm.platforms import current_platform
+
+    apply_lora_in_memory_patch()
+    if current_platform.is_cpu():
+        _keep_cpu_moe_backend_with_lora()
+        from skyrl_glm.models.glm5_vllm_cpu import register_cpu_model
+
+        register_cpu_model()
+    log.debug("skyrl_glm vLLM plugin registered")
