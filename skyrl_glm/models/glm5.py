@@ -60,7 +60,7 @@ def tiny_config():
         v_head_dim=32,
         head_dim=64,
         index_topk=512,
-        index_head_dim=32,
+        index_head_dim=128,  # >= qk_rope_head_dim (the indexer ropes its first 64 dims)
         index_n_heads=2,
         max_position_embeddings=512,
     )

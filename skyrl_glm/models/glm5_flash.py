@@ -50,11 +50,19 @@ def tiny_config():
         max_position_embeddings=512,
         pad_token_id=0,
     )
-    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
-                  projection_intermediate_size=64)
-    return Glm5NextConfig(text_config=text, vision_config=vision, image_token_id=500, video_token_id=501,
-                          image_start_token_id=502, image_end_token_id=503, video_start_token_id=504,
-                          video_end_token_id=505)
+    vision = dict(
+        depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64, projection_intermediate_size=64
+    )
+    return Glm5NextConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=500,
+        video_token_id=501,
+        image_start_token_id=502,
+        image_end_token_id=503,
+        video_start_token_id=504,
+        video_end_token_id=505,
+    )
 
 
 def _build(config):

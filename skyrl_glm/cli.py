@@ -1,0 +1,67 @@
+"""``skyrl-glm`` command line: models, tiny checkpoints, the handoff check, benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from skyrl_glm.plugins import registry
+
+console = Console()
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    table = Table(title="registered model adapters")
+    for col in ("name", "model_type", "summary", "key facts", "default LoRA targets (vllm)"):
+        table.add_column(col)
+    for fam in registry().models.values():
+        table.add_row(fam.name, fam.hf_model_type, fam.summary, fam.key_facts(), ", ".join(fam.lora.resolve()))
+    console.print(table)
+    return 0
+
+
+def _cmd_tiny_make(args: argparse.Namespace) -> int:
+    from skyrl_glm.models.tiny import make_tiny
+
+    out = make_tiny(registry().model(args.model), args.outdir, seed=args.seed)
+    console.print(f"wrote tiny [bold]{args.model}[/] checkpoint to {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="skyrl-glm", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("models", help="list registered model adapters").set_defaults(func=_cmd_models)
+
+    tiny = sub.add_parser("tiny", help="tiny random-weight checkpoints").add_subparsers(dest="tiny_cmd", required=True)
+    make = tiny.add_parser("make", help="write a tiny checkpoint + tokenizer for a registered model family")
+    make.add_argument("model")
+    make.add_argument("outdir")
+    make.add_argument("--seed", type=int, default=0)
+    make.set_defaults(func=_cmd_tiny_make)
+
+    for module in _COMMAND_MODULES:
+        module.add_parser(sub)
+    return parser
+
+
+# Subcommands that live beside the code they run (each module has ``add_parser(subparsers)``).
+_COMMAND_MODULES: list = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The sender's plan: fold alpha, deduplicate, lay out the packed stream, write the manifest.
+
+Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT state dict or Megatron-Bridge's
+``export_adapter_weights``. Deduplication is exact: two names share one sent tensor only when they are the
+same storage view, or when ``torch.equal``-equal within a candidate group (one (layer, projection, A/B)
+across experts). Equality within a group is decided in batches (one stacked comparison per chunk of
+candidates, one host sync per chunk), not one synchronising ``torch.equal`` per tensor; duplicates are
+dropped as soon as their chunk is decided, so sender memory stays near the unique adapter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
+    fold_lora_alpha_for_vllm,
+    mark_alpha_folded,
+)
+
+from skyrl_glm.sync.checksum import checksums
+from skyrl_glm.sync.manifest import Manifest, TensorEntry, align, dtype_name
+
+_EXPERT = re.compile(r"\.experts\.\d+\.")
+DEFAULT_BUCKET_BYTES = 512 << 20
+_CHUNK = 64  # candidates compared per host sync
+
+
+def expert_group(name: str) -> str | None:
+    """Candidate group of a per-expert name (the expert index wildcarded); ``None`` for other names."""
+    grouped = _EXPERT.sub(".experts.*.", name, count=1)
+    return grouped if grouped != name else None
+
+
+def _view_key(t: torch.Tensor) -> tuple:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def _fingerprints(stacked: torch.Tensor) -> list[tuple[int, int]]:
+    """Exact integer fingerprints of each row (order-independent int64 sums): equal rows, equal prints."""
+    w = stacked.reshape(stacked.shape[0], -1).view(torch.uint8)
+    pad = (-w.shape[1]) % 4
+    if pad:
+        w = torch.nn.functional.pad(w, (0, pad))
+    w = w.view(torch.int32).to(torch.int64)
+    pos = torch.arange(w.shape[1], device=w.device, dtype=torch.int64).remainder_(251).add_(1)
+    return [tuple(r) for r in torch.stack([w.sum(1), (w * pos).sum(1)], 1).cpu().tolist()]
+
+
+@dataclass
+class _Group:
+    by_print: dict[tuple, str] = field(default_factory=dict)  # (shape, dtype, fingerprint) -> sent name
+    pending: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class Dedup:
+    """Result of deduplication: the tensors to send and the aliases onto them."""
+
+    unique: dict[str, torch.Tensor]
+    aliases: dict[str, str]
+    public_count: int
+    public_bytes: int
+
+
+def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> Dedup:
+    pairs = adapter.items() if isinstance(adapter, Mapping) else adapter
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    by_view: dict[tuple, str] = {}
+    groups: dict[str, _Group] = {}
+    public_count = public_bytes = 0
+
+    def resolve(group: _Group) -> None:
+        """Decide a group's pending candidates: fingerprints find candidates, torch.equal semantics decide."""
+        by_meta: dict[tuple, list[tuple[str, torch.Tensor]]] = {}
+        for n, t in group.pending:
+            by_meta.setdefault((tuple(t.shape), t.dtype), []).append((n, t))
+        group.pending = []
+        for meta, members in by_meta.items():
+            stacked = torch.stack([t for _, t in members])
+            prints = _fingerprints(stacked)
+            # Candidate reference for each member: an earlier value with the same fingerprint.
+            refs: list[tuple[int, str]] = []
+            first_in_chunk: dict[tuple, str] = {}
+            for i, ((n, t), fp) in enumerate(zip(members, prints, strict=True)):
+                key = (meta, fp)
+                ref = group.by_print.get(key) or first_in_chunk.get(key)
+                if ref is None:
+                    first_in_chunk[key] = n
+                    unique[n] = t
+                else:
+                    refs.append((i, ref))
+            if refs:
+                equal = (
+                    (stacked[[i for i, _ in refs]] == torch.stack([unique[r] for _, r in refs]))
+                    .flatten(1)
+                    .all(1)
+                    .tolist()
+                )
+                for (i, ref), eq in zip(refs, equal, strict=True):
+                    name, t = members[i]
+                    if eq:
+                        aliases[name] = ref
+                    else:  # fingerprint collision: a distinct value after all
+                        unique[name] = t
+            for key, n in first_in_chunk.items():
+                group.by_print.setdefault(key, n)
+
+    names: set[str] = set()
+    for name, t in pairs:
+        if name in names:
+            raise ValueError(f"adapter stream repeats the name {name!r}")
+        names.add(name)
+        public_count += 1
+        public_bytes += t.numel() * t.element_size()
+        key = _view_key(t)
+        seen = by_view.get(key)
+        if seen is not None:
+            aliases[name] = seen
+            continue
+        by_view[key] = name
+        gname = expert_group(name)
+        if gname is None:
+            unique[name] = t
+            continue
+        group = groups.setdefault(gname, _Group())
+        group.pending.append((name, t))
+        if len(group.pending) >= _CHUNK:
+            resolve(group)
+    for group in groups.values():
+        resolve(group)
+    # A view-identical alias may point at a name that was itself aliased: point it at the sent name.
+    for public, target in aliases.items():
+        while target in aliases:
+            target = aliases[target]
+        aliases[public] = target
+    return Dedup(unique=unique, aliases=aliases, public_count=public_count, public_bytes=public_bytes)
+
+
+def jsonable_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A PEFT adapter config as plain JSON data (sets become sorted lists, enums their values)."""
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, (set, frozenset)):
+            return sorted(conv(x) for x in v)
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        if isinstance(v, Mapping):
+            return {str(k): conv(x) for k, x in v.items()}
+        if hasattr(v, "value") and not isinstance(v, (int, float, str, bool)):
+            return v.value
+        return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+
+    return {str(k): conv(v) for k, v in config.items()}
+
+
+@dataclass
+class SyncPlan:
+    """What the sender transmits: the manifest and the unique, alpha-folded tensors in wire order."""
+
+    manifest: Manifest
+    tensors: list[torch.Tensor]
+    public_count: int
+    public_bytes: int
+    timings: dict[str, float]
+
+    def buckets(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(stream offset, packed uint8 bucket)``. One buffer is reused: consume each before the next."""
+        if not self.tensors:
+            return
+        ranges = self.manifest.buckets()
+        device = self.tensors[0].device
+        buf = torch.zeros(max(e - s for s, e in ranges), dtype=torch.uint8, device=device)
+        it = iter(zip(self.manifest.tensors, self.tensors, strict=True))
+        pending = next(it, None)
+        for start, end in ranges:
+            view = buf[: end - start]
+            while pending is not None and pending[0].offset < end:
+                entry, t = pending
+                view[entry.offset - start : entry.offset - start + entry.nbytes].copy_(t.reshape(-1).view(torch.uint8))
+                pending = next(it, None)
+            yield start, view
+
+
+def build_plan(
+    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+    *,
+    adapter_config: Mapping[str, Any],
+    lora_name: str,
+    version: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> SyncPlan:
+    """Deduplicate, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, lay out."""
+    import time
+
+    t0 = time.perf_counter()
+    dedup = deduplicate(adapter)
+    t1 = time.perf_counter()
+    config = jsonable_config(adapter_config)
+    r, alpha = config["r"], config.get("lora_alpha", config["r"])
+    # SkyRL 0.4's fold, applied once per unique tensor (so aliased B tensors are scaled exactly once).
+    folded = fold_lora_alpha_for_vllm(dedup.unique, config_rank=r, alpha=alpha)
+    tensors = [t.contiguous() for t in folded.values()]
+    t2 = time.perf_counter()
+    sums = checksums(tensors)
+    t3 = time.perf_counter()
+    entries, offset = [], 0
+    for name, t, cs in zip(folded, tensors, sums, strict=True):
+        nbytes = t.numel() * t.element_size()
+        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes, cs))
+        offset += align(nbytes)
+    manifest = Manifest(
+        version=version,
+        lora_name=lora_name,
+        adapter_config=mark_alpha_folded(config),
+        tensors=tuple(entries),
+        aliases=dedup.aliases,
+        total_bytes=offset,
+        bucket_bytes=bucket_bytes,
+    )
+    manifest.validate()
+    timings = {"dedup_s": t1 - t0, "fold_s": t2 - t1, "checksum_s": t3 - t2}
+    return SyncPlan(manifest, tensors, dedup.public_count, dedup.public_bytes, timings)

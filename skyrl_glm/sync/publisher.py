@@ -1,0 +1,101 @@
+"""Publishers: how the trainer hands one adapter version to the sampler.
+
+``InMemoryPublisher`` is the product path (plan -> transport -> receiver -> in-memory load).
+``DiskPublisher`` is the baseline it is measured against: a PEFT directory written and loaded by vLLM
+the standard way. Both take the trainer's adapter as ``{public name: tensor}`` plus its PEFT config.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import save_file
+
+from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, SyncPlan, build_plan, jsonable_config
+from skyrl_glm.sync.transports.base import Transport
+from skyrl_glm.sync.vllm_engine import UpdateResult, VllmEngineSampler
+
+Adapter = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+class Publisher(Protocol):
+    def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult: ...
+
+
+class InMemoryPublisher:
+    """Deduplicated, checksummed, in-memory handoff through any registered transport."""
+
+    def __init__(
+        self,
+        sampler: VllmEngineSampler,
+        transport: Transport,
+        lora_name: str = "policy",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        self.sampler = sampler
+        self.transport = transport
+        self.lora_name = lora_name
+        self.bucket_bytes = bucket_bytes
+        self.last_plan: SyncPlan | None = None
+
+    def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
+        return build_plan(
+            adapter,
+            adapter_config=adapter_config,
+            lora_name=self.lora_name,
+            version=version,
+            bucket_bytes=self.bucket_bytes,
+        )
+
+    def send(self, plan: SyncPlan) -> UpdateResult:
+        """Ship a plan: stage it, let the sampler receive while the transport streams, then release."""
+        t0 = time.perf_counter()
+        handle = self.transport.prepare(plan)
+        t1 = time.perf_counter()
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(self.sampler.apply_update, plan.manifest.to_json(), handle, self.transport.name)
+            self.transport.stream(plan)
+            result = answer.result()
+        self.transport.release()
+        result.timings = {**plan.timings, "stage_s": t1 - t0, **result.timings, "total_s": time.perf_counter() - t0}
+        return result
+
+    def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        t0 = time.perf_counter()
+        plan = self.last_plan = self.plan(adapter, adapter_config, version)
+        result = self.send(plan)
+        result.timings["total_s"] = time.perf_counter() - t0
+        return result
+
+
+class DiskPublisher:
+    """Baseline: ``adapter_model.safetensors`` + ``adapter_config.json`` in a fresh directory per version."""
+
+    def __init__(self, sampler: VllmEngineSampler, root: str | Path | None = None, lora_name: str = "policy"):
+        self.sampler = sampler
+        self.root = Path(root or tempfile.mkdtemp(prefix="skyrl-glm-disk-"))
+        self.lora_name = lora_name
+
+    def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        t0 = time.perf_counter()
+        tensors = dict(adapter.items() if isinstance(adapter, Mapping) else adapter)
+        out = self.root / f"{self.lora_name}-v{version}"
+        out.mkdir(parents=True, exist_ok=True)
+        # safetensors refuses shared storage: write private contiguous copies, as a PEFT save does.
+        save_file(
+            {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()},
+            str(out / "adapter_model.safetensors"),
+        )
+        (out / "adapter_config.json").write_text(json.dumps(jsonable_config(adapter_config)))
+        t1 = time.perf_counter()
+        result = self.sampler.load_adapter_dir(str(out), f"{self.lora_name}-v{version}")
+        result.version = version if result.ok else None
+        result.timings.update({"write_s": t1 - t0, "total_s": time.perf_counter() - t0})
+        return result

@@ -1,0 +1,42 @@
+"""The transport contract: move one plan's packed byte stream from the sender to a receiver.
+
+The manifest and the handle travel on the control channel as JSON; only raw bytes use the transport.
+Sender side: ``prepare`` (stage data, return the handle) -> control message to the receiver -> ``stream``
+(push data, for collective transports whose receiver must be waiting) -> ``release`` once the receiver
+answered. Receiver side: ``receive`` fills a private ``uint8[total_bytes]`` buffer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from skyrl_glm.sync.manifest import Manifest
+    from skyrl_glm.sync.plan import SyncPlan
+
+
+class TransportError(RuntimeError):
+    """The data channel failed (peer gone, segment missing, short read): the update is rejected."""
+
+
+class Transport(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def prepare(self, plan: SyncPlan) -> dict[str, Any]:
+        """Stage the plan's bytes; return the JSON-able handle the receiver needs."""
+
+    def stream(self, plan: SyncPlan) -> None:
+        """Push the bytes while the receiver is inside :meth:`receive` (collective transports only)."""
+        return None
+
+    def release(self) -> None:
+        """Free what :meth:`prepare` staged, after the receiver answered."""
+        return None
+
+    @abstractmethod
+    def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
+        """Fill ``out`` (``uint8[manifest.total_bytes]``, private to the receiver) with the stream."""

@@ -1,0 +1,62 @@
+"""CUDA IPC transport for colocated trainer and sampler: the receiver maps the sender's packed GPU buffer.
+
+The IPC handle crosses the control channel as JSON (bytes base64-encoded), never as a pickle.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from skyrl_glm.sync.transports.base import Transport, TransportError
+
+if TYPE_CHECKING:
+    from skyrl_glm.sync.manifest import Manifest
+    from skyrl_glm.sync.plan import SyncPlan
+
+
+def _enc(v: Any) -> Any:
+    return {"b64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v
+
+
+def _dec(v: Any) -> Any:
+    return base64.b64decode(v["b64"]) if isinstance(v, dict) else v
+
+
+class CudaIpcTransport(Transport):
+    name = "ipc"
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    def prepare(self, plan: SyncPlan) -> dict[str, Any]:
+        device = plan.tensors[0].device if plan.tensors else torch.device("cuda")
+        if device.type != "cuda":
+            raise TransportError("the CUDA IPC transport needs the adapter on a CUDA device")
+        buf = torch.empty(max(plan.manifest.total_bytes, 1), dtype=torch.uint8, device=device)
+        for start, bucket in plan.buckets():
+            buf[start : start + bucket.numel()].copy_(bucket)
+        torch.cuda.current_stream(device).synchronize()
+        self._buffer = buf
+        shared = buf.untyped_storage()._share_cuda_()
+        return {"storage": [_enc(v) for v in shared], "nbytes": buf.numel()}
+
+    def release(self) -> None:
+        self._buffer = None
+
+    def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
+        if manifest.total_bytes == 0:
+            return
+        try:
+            args = [_dec(v) for v in handle["storage"]]
+            storage = torch.UntypedStorage._new_shared_cuda(*args)
+        except (KeyError, TypeError, RuntimeError) as e:
+            raise TransportError(f"cannot open the sender's CUDA IPC buffer: {e}") from None
+        if storage.nbytes() < manifest.total_bytes:
+            raise TransportError(f"IPC buffer holds {storage.nbytes()} bytes, manifest needs {manifest.total_bytes}")
+        src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (manifest.total_bytes,))
+        out.copy_(src)
+        torch.cuda.current_stream(out.device).synchronize()
+        del src, storage
