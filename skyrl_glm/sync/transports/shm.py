@@ -52,6 +52,6 @@ class SharedMemoryTransport(Transport):
                     raise TransportError(f"segment holds {size} bytes, manifest needs {manifest.total_bytes}")
                 got = f.readinto(memoryview(out.numpy())) if manifest.total_bytes else 0
         except OSError as e:
-            raise TransportError(f"shared-memory segment {path.name!r} unreadable (sender died or released it): {e}") from None
+            raise TransportError(f"shared-memory segment {path.name!r} unreadable (sender gone?): {e}") from None
         if got != manifest.total_bytes:
             raise TransportError(f"short read: {got} of {manifest.total_bytes} bytes")
