@@ -6,10 +6,10 @@ Four layouts of the same adapter (``W_e += scale * B_e @ A_e`` per module, ``sca
     HF/PEFT state dict on transformers 5.x (keys ``base_model.model.<module>.lora_{A,B}.weight``).
     Routed experts are fused 3D parameters (``mlp.experts.gate_up_proj [E, 2I, H]``, ``mlp.experts.down_proj
     [E, H, I]``) reached through ``target_parameters``. PEFT wraps the ``experts`` module once per targeted
-    parameter: the first entry of ``target_parameters`` is the innermost wrapper, so with
-    ``["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]`` the keys are ``...mlp.experts.base_layer.lora_A.weight``
-    (gate_up) and ``...mlp.experts.lora_A.weight`` (down). The fused tensors have ``r * E`` rows/columns and come in
-    two orientations (:data:`PEFT_TRANSPOSED` for peft <= 0.18, :data:`STANDARD` for peft 0.21 and vLLM).
+    parameter, innermost first in the module's parameter order (not the list order), so the keys are
+    ``...mlp.experts.base_layer.lora_A.weight`` (gate_up) and ``...mlp.experts.lora_A.weight`` (down). The fused
+    tensors have ``r * E`` rows/columns and come in two orientations (:data:`PEFT_TRANSPOSED` for peft <= 0.18,
+    :data:`STANDARD` for peft 0.21 and vLLM).
 ``bridge``
     Megatron-Bridge ``export_adapter_weights``: HF names without the PEFT prefix, routed experts per expert
     (``model.layers.L.mlp.experts.{e}.{gate,up,down}_proj.lora_{A,B}.weight``), the fused fc1 split into gate/up
@@ -80,16 +80,19 @@ def installed_peft_fused_layout() -> str:
 def expert_wrapper_suffixes(target_parameters: Sequence[str]) -> dict[str, str]:
     """PEFT module suffix under ``mlp.experts`` for each routed-expert target parameter.
 
-    PEFT nests one wrapper per targeted parameter in list order, first innermost: for ``[gate_up, down]`` gate_up
-    lives at ``experts.base_layer`` and down at ``experts``. Parameters outside ``mlp.experts`` are ignored.
+    PEFT nests one wrapper per targeted parameter, innermost first in the order the experts module registers its
+    parameters (transformers: ``gate_up_proj`` then ``down_proj``), whatever the order of ``target_parameters``
+    (measured on peft 0.18.1): gate_up lives at ``experts.base_layer`` and down at ``experts``; with one of them
+    targeted it lives at ``experts``. Parameters outside ``mlp.experts`` are ignored.
     """
     routed = [p for p in target_parameters if p.startswith("mlp.experts.") or ".mlp.experts." in p]
     routed = [p[p.index("mlp.experts.") :] for p in routed]
     unknown = [p for p in routed if p not in ROUTED_PARAMS]
     if unknown:
         raise LayoutError(f"unknown routed-expert target parameters {unknown}; known {list(ROUTED_PARAMS)}")
-    n = len(routed)
-    return {p: ".base_layer" * (n - 1 - i) for i, p in enumerate(routed)}
+    ordered = [p for p in ROUTED_PARAMS if p in routed]
+    n = len(ordered)
+    return {p: ".base_layer" * (n - 1 - i) for i, p in enumerate(ordered)}
 
 
 def _strip_prefix(name: str) -> str:
@@ -141,29 +144,38 @@ def convert_fused(a: torch.Tensor, b: torch.Tensor, num_experts: int, src: str, 
     return experts_to_fused(*fused_to_experts(a, b, num_experts, src), dst)
 
 
-def detect_fused_layout(sd: Mapping[str, torch.Tensor], *, hidden_size: int, moe_intermediate_size: int) -> str | None:
+def detect_fused_layout(
+    sd: Mapping[str, torch.Tensor],
+    *,
+    target_parameters: Sequence[str],
+    hidden_size: int,
+    moe_intermediate_size: int,
+) -> str | None:
     """Orientation of the fused expert tensors in ``sd`` from their shapes (``None``: no fused experts).
 
-    down_proj is [E, H, I]: its standard A has I columns, its transposed A has H columns; gate_up is [E, 2I, H].
-    Raises when the shapes are ambiguous (H == I and H == 2I cannot both hold, so one of the two decides).
+    lora_A columns: gate_up ([E, 2I, H]) has H standard / 2I transposed; down ([E, H, I]) has I standard / H
+    transposed. A projection whose two candidates are equal does not vote; raises if nothing decides.
     """
     h, i = hidden_size, moe_intermediate_size
+    cols = {GATE_UP: {STANDARD: h, PEFT_TRANSPOSED: 2 * i}, DOWN: {STANDARD: i, PEFT_TRANSPOSED: h}}
+    param_of = {v: k for k, v in expert_wrapper_suffixes(target_parameters).items()}
     votes: set[str] = set()
+    found = False
     for name, t in sd.items():
         m = _EXPERTS_RE.match(name)
-        if not m or m["ab"] != "A":
+        if not m or m["ab"] != "A" or m["wrap"] not in param_of:
             continue
-        cols = t.shape[1]
-        # which projection this is cannot be told from the name alone (wrapper order); use both candidates
-        candidates = {STANDARD: {h, i}, PEFT_TRANSPOSED: {2 * i, h}}
-        if cols in candidates[STANDARD] and cols not in candidates[PEFT_TRANSPOSED]:
-            votes.add(STANDARD)
-        elif cols in candidates[PEFT_TRANSPOSED] and cols not in candidates[STANDARD]:
-            votes.add(PEFT_TRANSPOSED)
-    if not votes:
+        found = True
+        cand = cols[param_of[m["wrap"]]]
+        matching = [k for k, c in cand.items() if c == t.shape[1]]
+        if not matching:
+            raise LayoutError(f"{name}: {t.shape[1]} columns fit no orientation {cand}")
+        if len(matching) == 1:
+            votes.add(matching[0])
+    if not found:
         return None
-    if len(votes) > 1:
-        raise LayoutError(f"fused expert tensors mix orientations: {sorted(votes)}")
+    if len(votes) != 1:
+        raise LayoutError(f"cannot tell the fused expert orientation from the shapes (votes: {sorted(votes)})")
     return votes.pop()
 
 
@@ -202,10 +214,22 @@ def peft_experts_to_per_expert(
         if m["wrap"] not in param_of_suffix:
             raise LayoutError(f"{name}: wrapper depth {m['wrap']!r} matches no target parameter {suffix_of}")
         groups.setdefault((m["head"], param_of_suffix[m["wrap"]]), {})[m["ab"]] = t
+    per_head: dict[str, dict[str, tuple[list, list]]] = {}
     for (head, param), ab in groups.items():
         if set(ab) != {"A", "B"}:
             raise LayoutError(f"{head} {param}: need lora_A and lora_B, got {sorted(ab)}")
-        a_list, b_list = fused_to_experts(ab["A"], ab["B"], num_experts, fused_layout)
+        per_head.setdefault(head, {})[param] = fused_to_experts(ab["A"], ab["B"], num_experts, fused_layout)
+    for head, by_param in per_head.items():
+        if GATE_UP in by_param and DOWN in by_param:  # x[H] -> gate_up -> [2I] -> down -> [H]
+            (fa, fb), (da, db) = by_param[GATE_UP], by_param[DOWN]
+            if fa[0].shape[1] != db[0].shape[0] or fb[0].shape[0] != 2 * da[0].shape[1]:
+                raise LayoutError(
+                    f"{head}: gate_up {tuple(fb[0].shape)}@{tuple(fa[0].shape)} and down "
+                    f"{tuple(db[0].shape)}@{tuple(da[0].shape)} do not chain; wrong target_parameters order "
+                    "or fused layout?"
+                )
+    for (head, param), _ab in groups.items():
+        a_list, b_list = per_head[head][param]
         for e in range(num_experts):
             if param == GATE_UP:
                 a, gate_b, up_b = _split_fc1(a_list[e], b_list[e])
