@@ -105,6 +105,11 @@ def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch
                     name, t = members[i]
                     if eq:
                         aliases[name] = ref
+                        # This tensor is dropped now; once the exporter frees it, its address may come back for
+                        # another value. Forget its view key so that value is not taken for this one.
+                        key = _view_key(t)
+                        if by_view.get(key) == name:
+                            del by_view[key]
                     else:  # fingerprint collision: a distinct value after all
                         unique[name] = t
             for key, n in first_in_chunk.items():
@@ -139,6 +144,11 @@ def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch
             target = aliases[target]
         aliases[public] = target
     return Dedup(unique=unique, aliases=aliases, public_count=public_count, public_bytes=public_bytes)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def jsonable_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,12 +209,15 @@ def build_plan(
 
     t0 = time.perf_counter()
     dedup = deduplicate(adapter)
+    device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
+    _sync(device)
     t1 = time.perf_counter()
     config = jsonable_config(adapter_config)
     r, alpha = config["r"], config.get("lora_alpha", config["r"])
     # SkyRL 0.4's fold, applied once per unique tensor (so aliased B tensors are scaled exactly once).
     folded = fold_lora_alpha_for_vllm(dedup.unique, config_rank=r, alpha=alpha)
     tensors = [t.contiguous() for t in folded.values()]
+    _sync(device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
     t2 = time.perf_counter()
     sums = checksums(tensors)
     t3 = time.perf_counter()

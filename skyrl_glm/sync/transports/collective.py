@@ -39,5 +39,7 @@ class CollectiveTransport(Transport):
         try:
             for start, end in ranges:
                 dist.broadcast(out[start:end], src=int(handle["src"]), group=self.group)
+            if out.is_cuda:  # NCCL runs on its own stream: the stream is in ``out`` only once this returns
+                torch.cuda.current_stream(out.device).synchronize()
         except (RuntimeError, dist.DistBackendError) as e:
             raise TransportError(f"broadcast from rank {handle['src']} failed: {e}") from e

@@ -36,8 +36,9 @@ class CudaIpcTransport(Transport):
         if device.type != "cuda":
             raise TransportError("the CUDA IPC transport needs the adapter on a CUDA device")
         buf = torch.empty(max(plan.manifest.total_bytes, 1), dtype=torch.uint8, device=device)
-        for start, bucket in plan.buckets():
-            buf[start : start + bucket.numel()].copy_(bucket)
+        # Pack each tensor straight into the shared buffer (no intermediate bucket copy).
+        for entry, t in zip(plan.manifest.tensors, plan.tensors, strict=True):
+            buf[entry.offset : entry.offset + entry.nbytes].copy_(t.reshape(-1).view(torch.uint8))
         torch.cuda.current_stream(device).synchronize()
         self._buffer = buf
         shared = buf.untyped_storage()._share_cuda_()

@@ -45,13 +45,24 @@ class SharedMemoryTransport(Transport):
         # Read the segment as a file: attaching a SharedMemory object would register it with this process's
         # resource tracker, which then fights the sender (its owner) over unlinking it.
         path = Path(SHM_DIR) / str(handle.get("shm_name", "")).lstrip("/")
+        # A CUDA staging buffer is filled through a pinned host bounce buffer.
+        host = out if out.device.type == "cpu" else torch.empty_like(out, device="cpu", pin_memory=True)
         try:
             with open(path, "rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < manifest.total_bytes:
                     raise TransportError(f"segment holds {size} bytes, manifest needs {manifest.total_bytes}")
-                got = f.readinto(memoryview(out.numpy())) if manifest.total_bytes else 0
+                # One read(2) returns at most ~2 GiB on Linux: loop until the whole stream is in.
+                view, got = memoryview(host.numpy()), 0
+                while got < manifest.total_bytes:
+                    n = f.readinto(view[got : manifest.total_bytes])
+                    if not n:
+                        break
+                    got += n
         except OSError as e:
             raise TransportError(f"shared-memory segment {path.name!r} unreadable (sender gone?): {e}") from None
         if got != manifest.total_bytes:
             raise TransportError(f"short read: {got} of {manifest.total_bytes} bytes")
+        if host is not out:
+            out.copy_(host)
+            torch.cuda.current_stream(out.device).synchronize()
