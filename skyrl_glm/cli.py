@@ -47,13 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--seed", type=int, default=0)
     make.set_defaults(func=_cmd_tiny_make)
 
-    for module in _COMMAND_MODULES:
+    for module in _command_modules():
         module.add_parser(sub)
     return parser
 
 
 # Subcommands that live beside the code they run (each module has ``add_parser(subparsers)``).
-_COMMAND_MODULES: list = []
+def _command_modules() -> list:
+    from skyrl_glm.check import cli as check_cli
+    from skyrl_glm.sync import bench
+
+    return [check_cli, bench]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

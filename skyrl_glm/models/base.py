@@ -50,12 +50,16 @@ class LoraPolicy:
         *,
         sampler: str = "vllm",
         allow_unsupported: bool = False,
-        include_routed_experts: bool = True,
     ) -> list[str]:
-        """HF/PEFT module names to train: the defaults, or ``requested`` checked against the sampler."""
-        chosen = [self.target(n) for n in requested] if requested else [t for t in self.targets if t.default]
-        if not include_routed_experts:
-            chosen = [t for t in chosen if t.kind != "routed_expert"]
+        """HF/PEFT module names to train.
+
+        Without ``requested``: the default targets this sampler applies (a default it cannot apply, such as
+        routed experts on vLLM's CPU build, is left out). With ``requested``: exactly those, and asking for a
+        target the sampler does not apply is an error naming the module and why (unless ``allow_unsupported``).
+        """
+        if not requested:
+            return [t.hf for t in self.targets if t.default and sampler not in t.unsupported]
+        chosen = [self.target(n) for n in requested]
         if not allow_unsupported:
             bad = [(t.hf, t.unsupported[sampler]) for t in chosen if sampler in t.unsupported]
             if bad:

@@ -8,6 +8,7 @@ runs on one version from start to end). The previous version stays loaded until 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,15 +33,20 @@ class VllmEngineSampler:
 
     def __init__(self, model_dir: str, *, max_lora_rank: int = 16, max_model_len: int = 256, **engine_kwargs: Any):
         from vllm import LLM
+        from vllm.platforms import current_platform
 
+        if current_platform.is_cpu():
+            # On CPU "gpu_memory_utilization" reserves host memory; tiny test models need little KV cache.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            engine_kwargs.setdefault("gpu_memory_utilization", 0.2)
         engine_kwargs.setdefault("enforce_eager", True)
+        engine_kwargs.setdefault("max_model_len", max_model_len)
         self.llm = LLM(
             model=str(model_dir),
             enable_lora=True,
             max_lora_rank=max_lora_rank,
             max_loras=2,
             max_cpu_loras=3,
-            max_model_len=max_model_len,
             worker_extension_cls=WORKER_EXTENSION,
             **engine_kwargs,
         )

@@ -1,0 +1,81 @@
+"""``skyrl-glm check``: the five-step handoff check from the command line (exit 0 PASS, 1 FAIL, 2 error)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from rich.console import Console
+
+from skyrl_glm.check.algorithm import CheckConfig, StepResult
+from skyrl_glm.check.faults import FAULTS, FaultNotApplicable
+from skyrl_glm.check.report import plot, print_table, write_json
+from skyrl_glm.check.runner import TRANSPORTS, CheckOptions, run
+from skyrl_glm.models.base import UnsupportedTargetError
+
+log = logging.getLogger(__name__)
+console = Console(width=140)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="five-step trainer/sampler handoff check (default: tiny GLM on CPU)")
+    p.add_argument("--model", help="registered model name (tiny made on the fly) or checkpoint dir; default glm-4.5")
+    p.add_argument("--trainer", default="hf")
+    p.add_argument("--sampler", default="vllm")
+    p.add_argument("--transport", default="cpu", choices=TRANSPORTS)
+    p.add_argument("--fault", default="none", choices=FAULTS, help="replace the handoff with a deliberately broken one")
+    p.add_argument("--lora-targets", help="comma-separated HF target names (default: the model's policy)")
+    p.add_argument(
+        "--allow-unsupported-targets",
+        action="store_true",
+        help="train targets the sampler does not apply (to prove the check catches it)",
+    )
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--alpha", type=int, default=16)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--scale", type=float, default=CheckConfig.scale, help="lora_B perturbation scale")
+    p.add_argument("--mean-tol", type=float, default=CheckConfig.mean_tol)
+    p.add_argument("--max-tol", type=float, default=CheckConfig.max_tol)
+    p.add_argument("--no-decode", action="store_true", help="score the prefill path only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the report as JSON here")
+    p.add_argument("--plot", help="write a PNG of per-token |dlogp| (steps 1, 3, 5) here")
+    p.set_defaults(func=main)
+
+
+def options_from_args(args: argparse.Namespace) -> CheckOptions:
+    return CheckOptions(
+        model=args.model,
+        trainer=args.trainer,
+        sampler=args.sampler,
+        transport=args.transport,
+        fault=args.fault,
+        lora_targets=[t.strip() for t in args.lora_targets.split(",")] if args.lora_targets else None,
+        allow_unsupported_targets=args.allow_unsupported_targets,
+        rank=args.rank,
+        alpha=args.alpha,
+        device=args.device,
+        config=CheckConfig(
+            mean_tol=args.mean_tol, max_tol=args.max_tol, scale=args.scale, seed=args.seed, decode=not args.no_decode
+        ),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    def on_step(s: StepResult) -> None:
+        console.log(f"step {s.step} {s.name}: {'ok' if s.passed else 'FAIL'} ({s.seconds:.2f} s) {s.detail}")
+
+    try:
+        with console.status("skyrl-glm check") as status:
+            report = run(options_from_args(args), on_step=on_step, on_phase=lambda m: status.update(m))
+    except (UnsupportedTargetError, FaultNotApplicable, FileNotFoundError, ValueError) as e:
+        console.print(f"[bold red]error[/]: {e}")
+        return 2
+    print_table(report, console)
+    info = report.info
+    console.print(f"setup {info['setup_s']:.1f} s (model + engines), five steps {info['steps_s']:.1f} s")
+    if args.json:
+        write_json(report, args.json)
+    if args.plot:
+        plot(report, args.plot)
+    return 0 if report.passed else 1

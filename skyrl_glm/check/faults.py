@@ -1,0 +1,118 @@
+"""Deliberately broken handoffs: each must make the check FAIL at the step named in ``EXPECTED_FAILURE``.
+
+They exist so users (and this project's tests) can prove that their check catches broken sync paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from skyrl_glm.sync.publisher import InMemoryPublisher
+from skyrl_glm.sync.vllm_engine import UpdateResult
+
+FAULTS = ("none", "no-publish", "drop-aliases", "double-scale", "wrong-target", "prefill-only")
+# The step at which each fault must be caught.
+EXPECTED_FAILURE = {"no-publish": 5, "drop-aliases": 5, "double-scale": 5, "wrong-target": 5, "prefill-only": 5}
+
+
+class FaultNotApplicable(ValueError):
+    """The fault cannot be injected into this adapter (e.g. no aliased tensors to drop)."""
+
+
+class NoPublish:
+    """Claims success and sends nothing: the sampler stays stale."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        if version == 1:  # the initial adapter still goes out, so step 1 can agree
+            return self.inner.publish(adapter, adapter_config, version)
+        return UpdateResult(True, version)
+
+
+class DropAliases:
+    """Sends the unique tensors but forgets the alias map: aliased public names never reach the sampler."""
+
+    def __init__(self, inner: InMemoryPublisher) -> None:
+        self.inner = inner
+
+    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        plan = self.inner.plan(adapter, adapter_config, version)
+        if not plan.manifest.aliases:
+            raise FaultNotApplicable("drop-aliases needs an adapter with aliased (shared) tensors; this one has none")
+        plan.manifest = dataclasses.replace(plan.manifest, aliases={})
+        return self.inner.send(plan)
+
+
+class DoubleScale:
+    """Scales lora_B by alpha/r before the plan folds it again: the upstream aliasing bug's symptom."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        scale = adapter_config["lora_alpha"] / adapter_config["r"]
+        if scale == 1:
+            raise FaultNotApplicable("double-scale needs lora_alpha != r")
+        scaled = {k: (v * scale if ".lora_B." in k else v) for k, v in dict(adapter).items()}
+        return self.inner.publish(scaled, adapter_config, version)
+
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.self_attn\.")
+
+
+class WrongTarget:
+    """Publishes attention adapters under the next layer's names (same shapes, wrong modules)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        tensors: dict[str, torch.Tensor] = dict(adapter)
+        layers = sorted({int(m.group(1)) for k in tensors if (m := _LAYER.search(k))})
+        if len(layers) < 2:
+            raise FaultNotApplicable("wrong-target needs attention adapters on at least two layers")
+        nxt = {a: b for a, b in zip(layers, layers[1:] + layers[:1], strict=True)}
+        moved = {_LAYER.sub(lambda m: f".layers.{nxt[int(m.group(1))]}.self_attn.", k): v for k, v in tensors.items()}
+        return self.inner.publish(moved, adapter_config, version)
+
+
+class PrefillOnlySampler:
+    """A sampler whose decode path keeps the previous adapter while prompt scoring uses the new one."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        return self.inner.score(sequences)
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
+        current, previous = self.inner.adapter, self.inner._previous
+        self.inner.adapter = previous if previous is not None else current
+        try:
+            return self.inner.generate(prompts, max_tokens)
+        finally:
+            self.inner.adapter = current
+
+
+def inject(fault: str, publisher: Any, sampler: Any) -> tuple[Any, Any]:
+    """``(publisher, sampler)`` with ``fault`` applied."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; choose from {FAULTS}")
+    wrappers = {
+        "no-publish": NoPublish,
+        "drop-aliases": DropAliases,
+        "double-scale": DoubleScale,
+        "wrong-target": WrongTarget,
+    }
+    if fault in wrappers:
+        publisher = wrappers[fault](publisher)
+    if fault == "prefill-only":
+        sampler = PrefillOnlySampler(sampler)
+    return publisher, sampler
