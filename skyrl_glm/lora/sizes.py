@@ -92,29 +92,23 @@ def adapter_sizes(
     )
 
 
-def family_sizes(family: Any, *, full: bool = True, rank: int = 32, targets: Sequence[str] | None = None, **kw):
-    """:func:`adapter_sizes` for a registered family's full (``full_config``) or tiny config and default targets
-    (for sampler ``vllm``: the GPU sampler, routed experts included)."""
-    if full:
-        import importlib
+def family_sizes(
+    family: Any, *, full: bool = True, rank: int = 32, targets: Sequence[str] | None = None, **kw: Any
+) -> AdapterSizes:
+    """:func:`adapter_sizes` for a registered family: its full config (``full_config()`` in the family's module)
+    or its tiny config, with the family's default targets for the GPU sampler (``vllm``, routed experts included)."""
+    import importlib
 
-        mod = importlib.import_module(type(family).__module__ if False else _family_module(family))
+    if full:
+        mod = importlib.import_module(family.tiny_config.__module__)
+        if not hasattr(mod, "full_config"):
+            raise ValueError(f"family {family.name!r} has no full_config in {mod.__name__}")
         config = mod.full_config()
     else:
         config = family.tiny_config()
     chosen = list(targets) if targets else family.lora.resolve(sampler="vllm")
     label = f"{family.name} ({'full' if full else 'tiny'})"
     return adapter_sizes(config, rank=rank, targets=chosen, model=label, **kw)
-
-
-def _family_module(family: Any) -> str:
-    # The family's tiny_config lives in its module, next to full_config.
-    mod = family.tiny_config.__module__
-    import importlib
-
-    if not hasattr(importlib.import_module(mod), "full_config"):
-        raise ValueError(f"family {family.name!r} has no full_config in {mod}")
-    return mod
 
 
 def print_sizes_table(rows: Sequence[AdapterSizes], console: Any = None, *, by_kind: bool = True) -> None:

