@@ -43,6 +43,7 @@ class CheckConfig:
     scale: float = 0.1
     seed: int = 0
     decode: bool = True
+    first_version: int = 1  # adapter versions used: first_version, first_version + 1 (must exceed the sampler's)
 
 
 @dataclass
@@ -127,7 +128,7 @@ def run_check(
 
     # Step 1: the sampler serves the initial (B == 0) adapter and agrees with the trainer.
     t0 = time.perf_counter()
-    first = publisher.publish(trainer.adapter(), trainer.lora_config, 1)
+    first = publisher.publish(trainer.adapter(), trainer.lora_config, cfg.first_version)
     if not getattr(first, "ok", False):
         record(StepResult(1, "agree", False, f"initial publish failed: {getattr(first, 'reason', first)}", 0.0))
         return report
@@ -170,7 +171,7 @@ def run_check(
 
     # Step 4: publish through the real sync path.
     t0 = time.perf_counter()
-    result = publisher.publish(trainer.adapter(), trainer.lora_config, 2)
+    result = publisher.publish(trainer.adapter(), trainer.lora_config, cfg.first_version + 1)
     ok = bool(getattr(result, "ok", False))
     timings = {k: float(v) for k, v in getattr(result, "timings", {}).items()}
     record(
@@ -178,7 +179,7 @@ def run_check(
             4,
             "publish",
             ok,
-            "published version 2" if ok else f"publish failed: {result.reason}",
+            f"published version {cfg.first_version + 1}" if ok else f"publish failed: {result.reason}",
             time.perf_counter() - t0,
             extra=timings,
         )

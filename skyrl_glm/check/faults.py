@@ -29,9 +29,11 @@ class NoPublish:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self.first = True
 
     def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
-        if version == 1:  # the initial adapter still goes out, so step 1 can agree
+        if self.first:  # the initial adapter still goes out, so step 1 can agree
+            self.first = False
             return self.inner.publish(adapter, adapter_config, version)
         return UpdateResult(True, version)
 
@@ -84,17 +86,20 @@ class WrongTarget:
 
 
 class PrefillOnlySampler:
-    """A sampler whose decode path keeps the previous adapter while prompt scoring uses the new one."""
+    """A sampler whose updates reach prompt scoring but not generation: decode keeps its first adapter."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self.decode_adapter: Any = None
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         return self.inner.score(sequences)
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
-        current, previous = self.inner.adapter, self.inner._previous
-        self.inner.adapter = previous if previous is not None else current
+        current = self.inner.adapter
+        if self.decode_adapter is None:
+            self.decode_adapter = current
+        self.inner.adapter = self.decode_adapter
         try:
             return self.inner.generate(prompts, max_tokens)
         finally:

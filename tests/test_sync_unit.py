@@ -1,0 +1,181 @@
+"""Plan, manifest, transports and receiver without vLLM: exact dedup, bit-exact rebuild, rejections."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from skyrl_glm.sync.manifest import Manifest, ManifestError
+from skyrl_glm.sync.plan import build_plan, deduplicate, expert_group
+from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
+from skyrl_glm.sync.transports import SharedMemoryTransport
+
+CONFIG = {"r": 4, "lora_alpha": 8, "target_modules": {"experts", "q_proj"}}
+
+
+def expert_adapter(experts: int = 8, shared: bool = True, copies: bool = False) -> dict[str, torch.Tensor]:
+    """Bridge-export shape: one adapter per (projection, A/B) shared by all experts, under every expert name."""
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, torch.Tensor] = {}
+    for layer in range(2):
+        base = {p: (torch.randn(4, 16, generator=gen), torch.randn(32, 4, generator=gen)) for p in ("gate", "down")}
+        for e in range(experts):
+            for p, (a, b) in base.items():
+                if not shared:
+                    a, b = torch.randn(4, 16, generator=gen), torch.randn(32, 4, generator=gen)
+                pre = f"base_model.model.model.layers.{layer}.mlp.experts.{e}.{p}_proj"
+                out[f"{pre}.lora_A.weight"] = a.clone() if copies else a
+                out[f"{pre}.lora_B.weight"] = b.clone() if copies else b
+        out[f"base_model.model.model.layers.{layer}.self_attn.q_proj.lora_A.weight"] = torch.randn(4, 16, generator=gen)
+        out[f"base_model.model.model.layers.{layer}.self_attn.q_proj.lora_B.weight"] = torch.zeros(16, 4)
+    return out
+
+
+def test_expert_group_wildcards_only_the_expert_index():
+    assert (
+        expert_group("m.layers.3.mlp.experts.17.up_proj.lora_A.weight")
+        == "m.layers.3.mlp.experts.*.up_proj.lora_A.weight"
+    )
+    assert expert_group("m.layers.3.self_attn.q_proj.lora_A.weight") is None
+
+
+@pytest.mark.parametrize("copies", [False, True])
+def test_dedup_sends_each_unique_tensor_once(copies):
+    adapter = expert_adapter(copies=copies)
+    d = deduplicate(adapter)
+    assert d.public_count == len(adapter) == 2 * (8 * 4 + 2)
+    assert len(d.unique) == 2 * (4 + 2)  # per layer: gate/down x A/B, plus q_proj A and B
+    for public, sent in d.aliases.items():
+        assert torch.equal(adapter[public], adapter[sent])
+    # zero-initialised q_proj B tensors of different layers are not in one candidate group: both sent
+    assert sum("q_proj.lora_B" in n for n in d.unique) == 2
+
+
+def test_dedup_keeps_distinct_experts_distinct():
+    adapter = expert_adapter(shared=False)
+    assert len(deduplicate(adapter).unique) == len(adapter)
+
+
+def test_dedup_never_aliases_unequal_tensors_with_equal_sums():
+    # Same integer-word sums, different values (a permutation within the weighting period would not do this,
+    # a swap of two words does change the weighted sum), so build a true tie on the plain sum only.
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    b = torch.tensor([1.0, 2.0, 4.0, 3.0])
+    d = deduplicate({"x.experts.0.w.lora_A.weight": a, "x.experts.1.w.lora_A.weight": b})
+    assert len(d.unique) == 2
+
+
+def test_dedup_rejects_repeated_names():
+    t = torch.ones(2)
+    with pytest.raises(ValueError, match="repeats"):
+        deduplicate([("a", t), ("a", t)])
+
+
+def test_plan_folds_alpha_once_per_unique_tensor_and_publishes_alpha_eq_r():
+    adapter = expert_adapter()
+    plan = build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=1)
+    assert plan.manifest.adapter_config["lora_alpha"] == plan.manifest.adapter_config["r"] == 4
+    by_name = dict(zip((t.name for t in plan.manifest.tensors), plan.tensors, strict=True))
+    for name, t in by_name.items():
+        expected = adapter[name] * 2 if ".lora_B." in name else adapter[name]
+        assert torch.equal(t, expected), name
+    # the trainer's tensors are untouched
+    assert torch.equal(adapter[next(iter(by_name))], expert_adapter()[next(iter(by_name))])
+
+
+def test_manifest_round_trips_as_json_and_buckets_cover_the_stream():
+    plan = build_plan(expert_adapter(), adapter_config=CONFIG, lora_name="p", version=3, bucket_bytes=1024)
+    m = Manifest.from_json(plan.manifest.to_json())
+    assert m == plan.manifest
+    ranges = m.buckets()
+    assert len(ranges) > 1 and ranges[0][0] == 0 and ranges[-1][1] >= m.tensors[-1].offset + m.tensors[-1].nbytes
+    assert all(e - s <= 1024 for s, e in ranges)
+
+
+def _receive(plan, receiver=None, manifest_json=None):
+    tx = SharedMemoryTransport()
+    handle = tx.prepare(plan)
+    try:
+        return (receiver or AdapterReceiver()).receive(manifest_json or plan.manifest.to_json(), handle, tx)
+    finally:
+        tx.release()
+
+
+@pytest.mark.parametrize("bucket_bytes", [256, 1 << 20])
+def test_receiver_rebuilds_every_public_name_bit_exactly(bucket_bytes):
+    adapter = expert_adapter(copies=True)
+    plan = build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=1, bucket_bytes=bucket_bytes)
+    got = _receive(plan).tensors
+    assert set(got) == set(adapter)
+    for name, t in adapter.items():
+        expected = t * 2 if ".lora_B." in name else t
+        assert torch.equal(got[name], expected), name
+        assert got[name].untyped_storage().data_ptr() != t.untyped_storage().data_ptr()  # private storage
+
+
+def _bad(plan, **changes):
+    return dataclasses.replace(plan.manifest, **changes).to_json()
+
+
+def test_rejections_name_their_reason():
+    plan = build_plan(expert_adapter(), adapter_config=CONFIG, lora_name="p", version=5)
+    m = plan.manifest
+    t0 = m.tensors[0]
+    cases = {
+        "checksum mismatch": _bad(plan, tensors=(dataclasses.replace(t0, checksum="0" * 32),) + m.tensors[1:]),
+        "not sent": _bad(plan, aliases={"extra.lora_A.weight": "missing"}),
+        "does not match": _bad(plan, tensors=(dataclasses.replace(t0, shape=(3, 3)),) + m.tensors[1:]),
+        "unsupported dtype": _bad(plan, tensors=(dataclasses.replace(t0, dtype="int8"),) + m.tensors[1:]),
+        "lora_alpha": _bad(plan, adapter_config={**m.adapter_config, "lora_alpha": 16}),
+        "malformed": '{"format": "skyrl-glm/lora-sync/1", "version": "x"}',
+        "unknown manifest format": '{"format": "pickle"}',
+    }
+    for reason, text in cases.items():
+        with pytest.raises(UpdateRejected, match=reason):
+            _receive(plan, manifest_json=text)
+
+
+def test_rejects_nan_and_old_versions():
+    adapter = expert_adapter()
+    receiver = AdapterReceiver()
+    receiver.commit(_receive(build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=2)).version)
+    with pytest.raises(UpdateRejected, match="not newer"):
+        _receive(build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=2), receiver)
+    bad = dict(adapter)
+    bad["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"] = torch.full((16, 4), float("nan"))
+    with pytest.raises(UpdateRejected, match="non-finite"):
+        _receive(build_plan(bad, adapter_config=CONFIG, lora_name="p", version=3), receiver)
+
+
+def test_sender_gone_or_short_segment_is_rejected():
+    plan = build_plan(expert_adapter(), adapter_config=CONFIG, lora_name="p", version=1)
+    tx = SharedMemoryTransport()
+    handle = tx.prepare(plan)
+    tx.release()  # the sender died and its segment is gone
+    with pytest.raises(UpdateRejected, match="transfer failed"):
+        AdapterReceiver().receive(plan.manifest.to_json(), handle, tx)
+    bigger = _bad(plan, total_bytes=plan.manifest.total_bytes + 1 << 20)
+    with pytest.raises(UpdateRejected, match="transfer failed"):
+        _receive(plan, manifest_json=bigger)
+
+
+def test_partial_transfer_is_caught_by_checksums():
+    plan = build_plan(expert_adapter(), adapter_config=CONFIG, lora_name="p", version=1)
+    tx = SharedMemoryTransport()
+    handle = tx.prepare(plan)
+    with open(f"/dev/shm/{handle['shm_name'].lstrip('/')}", "r+b") as f:  # sender died half-way: tail zeroed
+        f.seek(plan.manifest.total_bytes // 2)
+        f.write(bytes(plan.manifest.total_bytes - plan.manifest.total_bytes // 2))
+    try:
+        with pytest.raises(UpdateRejected, match="checksum mismatch"):
+            AdapterReceiver().receive(plan.manifest.to_json(), handle, tx)
+    finally:
+        tx.release()
+
+
+def test_manifest_validation_is_structural():
+    plan = build_plan(expert_adapter(), adapter_config=CONFIG, lora_name="p", version=1)
+    with pytest.raises(ManifestError, match="twice"):
+        dataclasses.replace(plan.manifest, tensors=plan.manifest.tensors[:1] * 2).validate()
