@@ -553,6 +553,89 @@ def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> N
             dist.destroy_process_group()
 
 
+def _roundtrip_proc(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> None:
+    """One ``ours`` sync between two processes; the receiver compares every rebuilt public name with the sender's
+    public tensor after SkyRL's alpha fold (``torch.equal`` semantics on raw bytes, name by name)."""
+    import torch.distributed as dist
+    from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_alpha_for_vllm
+
+    from skyrl_glm.sync.receiver import AdapterReceiver
+
+    opts = BenchOptions(**opts_d)
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=_dt.timedelta(minutes=10))
+    chan = _StoreChannel(store)
+    device = torch.device(opts.device if rank == 0 else opts.recv_device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    group = None
+    if opts.transport == "nccl":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kw = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=2, **kw)
+        group = dist.group.WORLD
+    transport = make_transport(opts.transport, group)
+    syn = synthetic_adapter(opts)
+    try:
+        if rank == 0:
+            sender = Sender(opts, syn, transport)
+            manifest_json, handle_json, info = sender.plan_and_stage("ours", 1)
+            chan.put("m", manifest_json)
+            chan.put("h", handle_json)
+            sender.stream()
+            answer = json.loads(chan.get("answer"))
+            sender.release()
+            Path(out_path).write_text(json.dumps({**answer, "sent_tensors": info["sent_tensors"]}))
+        else:
+            t0 = time.perf_counter()
+            got = AdapterReceiver(device).receive(chan.get("m"), json.loads(chan.get("h")), transport)
+            _sync(device)
+            seconds = time.perf_counter() - t0
+            # The sender's public adapter, regenerated from the seed, folded as SkyRL folds the public dict.
+            public = {n: syn.unique[k].to(device) for n, k in syn.names.items()}
+            expected = fold_lora_alpha_for_vllm(public, config_rank=opts.rank, alpha=opts.alpha)
+            names_ok = set(got.tensors) == set(expected)
+            flags, names = [], []
+            for n, exp in expected.items():
+                t = got.tensors.get(n)
+                if t is None or t.shape != exp.shape or t.dtype != exp.dtype:
+                    continue
+                flags.append(torch.equal(t.reshape(-1).view(torch.uint8), exp.reshape(-1).view(torch.uint8)))
+                names.append(n)
+            bad = [n for n, ok in zip(names, flags, strict=True) if not ok]
+            chan.put(
+                "answer",
+                json.dumps(
+                    {
+                        "public_names": len(expected),
+                        "received_names": len(got.tensors),
+                        "compared": len(names),
+                        "names_ok": names_ok,
+                        "mismatched": bad[:5],
+                        "bit_exact": names_ok and not bad and len(names) == len(expected),
+                        "receive_s": seconds,
+                        "timings": got.timings,
+                    }
+                ),
+            )
+        if group is not None:
+            dist.barrier()
+    finally:
+        if group is not None:
+            dist.destroy_process_group()
+
+
+def transfer_roundtrip(opts: BenchOptions) -> dict[str, Any]:
+    """Move the synthetic adapter once through ``opts.transport`` between two spawned processes; the receiver's
+    name-by-name bit-exact comparison with the folded public adapter (used by the transport tests)."""
+    import torch.multiprocessing as mp
+
+    opts = opts.resolved()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "roundtrip.json")
+        mp.spawn(_roundtrip_proc, args=(asdict(opts), _free_port(), out), nprocs=2, join=True)
+        return json.loads(Path(out).read_text())
+
+
 # ------------------------------------------------------------------------------------------------------ report
 
 
@@ -798,3 +881,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", default=None, help="write the report as JSON")
     p.add_argument("--plot", default=None, help="write a PNG of the stage times (needs matplotlib)")
     p.set_defaults(func=_cmd_bench_sync)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m skyrl_glm.sync.bench sync ...`` (the same command as ``skyrl-glm bench sync``)."""
+    parser = argparse.ArgumentParser(prog="skyrl-glm bench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,10 +2,10 @@
 
 Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT state dict or Megatron-Bridge's
 ``export_adapter_weights``. Deduplication is exact: two names share one sent tensor only when they are the
-same storage view, or when ``torch.equal``-equal within a candidate group (one (layer, projection, A/B)
-across experts). Equality within a group is decided in batches (one stacked comparison per chunk of
-candidates, one host sync per chunk), not one synchronising ``torch.equal`` per tensor; duplicates are
-dropped as soon as their chunk is decided, so sender memory stays near the unique adapter.
+same storage view, or when ``torch.equal``-equal within a candidate group (one (layer, A/B): the experts'
+shared adapter and the fused modules' shared ``lora_A``). Equality within a group is decided in batches (one
+stacked comparison per chunk of candidates, one host sync per chunk), not one synchronising ``torch.equal`` per
+tensor; duplicates are dropped as soon as their chunk is decided, so sender memory stays near the unique adapter.
 """
 
 from __future__ import annotations
@@ -29,10 +29,23 @@ DEFAULT_BUCKET_BYTES = 512 << 20
 _CHUNK = 64  # candidates compared per host sync
 
 
+_LAYER = re.compile(r"^(?P<layer>.*?\.layers\.\d+\.).*?(?P<ab>lora_[AB])\b")
+
+
 def expert_group(name: str) -> str | None:
     """Candidate group of a per-expert name (the expert index wildcarded); ``None`` for other names."""
     grouped = _EXPERT.sub(".experts.*.", name, count=1)
     return grouped if grouped != name else None
+
+
+def candidate_group(name: str) -> str | None:
+    """Names whose values may be equal: one (layer, A/B). Covers the experts of a layer sharing one adapter and the
+    fused ``linear_fc1`` / ``linear_qkv`` ``lora_A`` that Bridge exports under every member (gate and up, q/k/v) even
+    when the exporter hands out copies. Per-expert names outside a layer fall back to :func:`expert_group`."""
+    m = _LAYER.match(name)
+    if m is not None:
+        return f"{m['layer']}*.{m['ab']}"
+    return expert_group(name)
 
 
 def _view_key(t: torch.Tensor) -> tuple:
@@ -128,7 +141,7 @@ def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch
             aliases[name] = seen
             continue
         by_view[key] = name
-        gname = expert_group(name)
+        gname = candidate_group(name)
         if gname is None:
             unique[name] = t
             continue
