@@ -38,6 +38,22 @@ class ReceivedAdapter:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+def _unpaired(names: dict[str, torch.Tensor]) -> list[str]:
+    pair = {".lora_A.": ".lora_B.", ".lora_B.": ".lora_A."}
+    return sorted(n for n in names for a, b in pair.items() if a in n and n.replace(a, b) not in names)
+
+
+def _rank_mismatches(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Pairs whose ranks disagree: ``lora_A`` is ``[r, in]`` and ``lora_B`` ``[out, r]`` (both 2D)."""
+    bad = []
+    for name, a in tensors.items():
+        if ".lora_A." in name:
+            b = tensors[name.replace(".lora_A.", ".lora_B.")]
+            if a.ndim == b.ndim == 2 and a.shape[0] != b.shape[1]:
+                bad.append(name)
+    return bad
+
+
 class AdapterReceiver:
     """Stages updates into private memory on ``device`` and verifies them; tracks the accepted version."""
 
@@ -73,6 +89,14 @@ class AdapterReceiver:
             raise UpdateRejected(f"non-finite values (NaN/inf) in {bad[:3]}{'...' if len(bad) > 3 else ''}")
         t2 = time.perf_counter()
         tensors = expand_lora_aliases(sent, manifest.aliases)
+        unpaired = _unpaired(tensors)
+        if unpaired:
+            raise UpdateRejected(
+                f"missing tensors: {len(unpaired)} lora_A/lora_B without its pair, e.g. {unpaired[:2]}"
+            )
+        mismatched = _rank_mismatches(tensors)
+        if mismatched:
+            raise UpdateRejected(f"shape mismatch: lora_A rows != lora_B columns for {mismatched[:2]}")
         return ReceivedAdapter(
             version=manifest.version,
             lora_name=manifest.lora_name,
