@@ -84,3 +84,17 @@ def test_layers_cuts_the_full_config():
     expert_names = [n for n in syn.names if ".mlp.experts." in n]
     assert len(expert_names) == 256 * 6  # one MoE layer, 256 experts, gate/up/down x A/B
     assert {n.split(".layers.")[1].split(".")[0] for n in expert_names} == {"3"}
+
+
+def test_store_channel_carries_a_full_size_manifest():
+    """TCPStore refuses values over 8 MiB; a full GLM-5.3 manifest (116k aliases) is ~17 MB."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", bench._free_port(), 1, is_master=True, timeout=datetime.timedelta(seconds=30))
+    chan = bench._StoreChannel(store)
+    value = json.dumps({"aliases": {f"n{i}": "x" * 40 for i in range(300_000)}})
+    assert len(value) > 8 << 20
+    chan.put("m", value)
+    assert chan.get("m") == value

@@ -236,11 +236,18 @@ class _StoreChannel:
     def __init__(self, store: Any) -> None:
         self.store = store
 
+    PIECE = 4 << 20  # the store refuses values over 8 MiB; a full GLM-5.3 manifest is ~17 MB
+
     def put(self, key: str, value: str) -> None:
-        self.store.set(key, value.encode())
+        data = value.encode()
+        pieces = [data[i : i + self.PIECE] for i in range(0, len(data), self.PIECE)] or [b""]
+        for i, piece in enumerate(pieces):
+            self.store.set(f"{key}/{i}", piece)
+        self.store.set(f"{key}/n", str(len(pieces)).encode())  # last: a reader waiting on it sees every piece
 
     def get(self, key: str) -> str:
-        return self.store.get(key).decode()
+        n = int(self.store.get(f"{key}/n").decode())
+        return b"".join(self.store.get(f"{key}/{i}") for i in range(n)).decode()
 
 
 # ------------------------------------------------------------------------------------------------ sender, receiver
