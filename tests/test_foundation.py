@@ -1,0 +1,116 @@
+"""Foundation: entry-point plugin host (third-party plugin too), CLI, deterministic tiny checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+
+import pytest
+
+from skyrl_glm.plugins import build_registry, plugin_manager, registry
+
+
+def test_builtin_support_arrives_through_the_entry_point():
+    eps = {ep.name: ep.value for ep in entry_points(group="skyrl_glm")}
+    assert eps["glm"] == "skyrl_glm.models.builtin"
+    reg = registry()
+    assert {"glm-5.3", "glm-5.3-flash", "glm-4.5"} <= set(reg.models)
+    assert reg.model_for_type("glm_moe_dsa").name == "glm-5.3"
+    assert {"cpu", "nccl", "ipc"} <= set(reg.transports)
+    assert {"trainer:hf", "sampler:vllm"} <= set(reg.scorers)
+
+
+def test_a_third_party_package_adds_a_model_family(tmp_path, monkeypatch):
+    """A tiny installed distribution (dist-info with entry_points.txt) registers a family the same way."""
+    (tmp_path / "acme_glm.py").write_text(
+        textwrap.dedent("""
+        from skyrl_glm.models.base import LoraPolicy, ModelFamily
+        from skyrl_glm.models.glm4 import tiny_config
+        from skyrl_glm.models.targets import gqa_attention
+        from skyrl_glm.plugins import hookimpl
+
+        @hookimpl
+        def skyrl_glm_model_families():
+            return [ModelFamily(name="acme-glm", hf_model_type="acme", summary="third party", facts={},
+                                lora=LoraPolicy(targets=tuple(gqa_attention())), tiny_config=tiny_config)]
+    """)
+    )
+    dist = tmp_path / "acme_glm-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-glm\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[skyrl_glm]\nacme = acme_glm\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = build_registry(plugin_manager())
+    assert reg.model("acme-glm").summary == "third party"
+    assert "glm-5.3" in reg.models  # the built-ins are still there
+    with pytest.raises(LookupError, match="acme-glm"):
+        registry().model("acme-glm")  # the cached process registry predates the install
+
+
+def test_duplicate_names_are_refused():
+
+    pm = plugin_manager()
+    from skyrl_glm.models import glm5
+    from skyrl_glm.plugins import hookimpl
+
+    class Clash:
+        @hookimpl
+        def skyrl_glm_model_families(self):
+            import dataclasses
+
+            return [dataclasses.replace(glm5.FAMILY, summary="impostor")]
+
+    pm.register(Clash())
+    with pytest.raises(LookupError, match="two plugins register the model family 'glm-5.3'"):
+        build_registry(pm)
+
+
+def test_cli_models_lists_the_glm_families():
+    out = subprocess.run(
+        [sys.executable, "-m", "skyrl_glm.cli", "models"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"COLUMNS": "250", "PATH": ""},
+    ).stdout
+    assert "glm-5.3 " in out and "glm-5.3-flash" in out and "glm_moe_dsa" in out and "glm5_next" in out
+
+
+def _digest(path):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+
+
+@pytest.mark.parametrize("model", ["glm-5.3", "glm-5.3-flash", "glm-4.5"])
+def test_tiny_make_is_deterministic_and_loads(model, tmp_path):
+    for d in ("a", "b"):
+        subprocess.run(
+            [sys.executable, "-m", "skyrl_glm.cli", "tiny", "make", model, str(tmp_path / d), "--seed", "3"],
+            check=True,
+            capture_output=True,
+        )
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    other = tmp_path / "c"
+    subprocess.run(
+        [sys.executable, "-m", "skyrl_glm.cli", "tiny", "make", model, str(other), "--seed", "4"],
+        check=True,
+        capture_output=True,
+    )
+    assert _digest(other)["model.safetensors"] != _digest(tmp_path / "a")["model.safetensors"]
+
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    family = registry().model(model)
+    config = AutoConfig.from_pretrained(tmp_path / "a")
+    assert config.model_type == family.hf_model_type
+    tok = AutoTokenizer.from_pretrained(tmp_path / "a")
+    ids = tok.apply_chat_template([{"role": "user", "content": "Find x."}], add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    assert tok.decode(ids).startswith("[gMASK]<sop><|user|>")
+    model_obj = type(family.build_model(config)).from_pretrained(tmp_path / "a")
+    with torch.no_grad():
+        out = model_obj(torch.tensor([ids[:8]]))
+    assert torch.isfinite(out.logits).all()
