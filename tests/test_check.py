@@ -50,7 +50,7 @@ def test_each_fault_fails_at_its_step(fault, glm45_trainer, glm45_sampler, versi
         assert report.steps[4].decode.mean > 0.05
 
 
-def test_drop_aliases_fails_at_step_5_when_tensors_are_shared(glm45_trainer, glm45_sampler, versions):
+def test_drop_aliases_is_rejected_at_step_4_when_tensors_are_shared(glm45_trainer, glm45_sampler, versions):
     # Tie the shared expert's up_proj lora_A to its gate_proj lora_A: one storage, two public names.
     layer = glm45_trainer.model.base_model.model.model.layers[1].mlp.shared_experts
     layer.up_proj.lora_A["default"].weight = layer.gate_proj.lora_A["default"].weight
@@ -58,7 +58,8 @@ def test_drop_aliases_fails_at_step_5_when_tensors_are_shared(glm45_trainer, glm
         "drop-aliases", InMemoryPublisher(glm45_sampler, SharedMemoryTransport()), glm45_sampler
     )
     report = _check(glm45_trainer, sampler, publisher, versions)
-    assert report.first_failure is not None and report.first_failure.step == 5
+    assert report.first_failure is not None and report.first_failure.step == 4
+    assert "missing tensors" in report.first_failure.detail
 
 
 def test_drop_aliases_refuses_an_adapter_without_aliases(glm45_trainer, glm45_sampler, versions):
