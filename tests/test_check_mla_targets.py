@@ -18,6 +18,8 @@ from skyrl_glm.sync.transports import SharedMemoryTransport
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 FAMILY = registry().model("glm-5.3")
 KV_B = "self_attn.kv_b_proj"
+# vLLM CPU serves MLA in bf16 only; its repeat scores vary up to ~4e-3 under load (measured), fp32 ones do not.
+BF16_REPEAT_TOL = 1e-2
 
 
 @pytest.fixture(scope="module")

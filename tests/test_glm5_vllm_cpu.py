@@ -168,6 +168,6 @@ def test_kv_b_proj_lora_is_silently_ignored_by_vllm(served):
         f"kv_b_proj: vLLM shift max {vllm_shift.max():.6f}; HF shift mean {hf_shift:.4f}; "
         f"mismatch mean {mismatch.mean():.4f} max {mismatch.max():.4f}"
     )
-    assert vllm_shift.max() == 0.0
+    assert vllm_shift.max() <= 1e-2  # bf16 CPU scoring repeats only to ~4e-3 under load; hf moves >= 0.02
     assert hf_shift > 0.02
     assert mismatch.mean() > 0.02

@@ -36,6 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", type=float, default=CheckConfig.scale, help="lora_B perturbation scale")
     p.add_argument("--mean-tol", type=float, default=CheckConfig.mean_tol)
     p.add_argument("--max-tol", type=float, default=CheckConfig.max_tol)
+    p.add_argument(
+        "--repeat-tol",
+        type=float,
+        default=CheckConfig.repeat_tol,
+        help="sampler repeat-score tolerance (bf16 MLA on vLLM CPU repeats only to ~4e-3: use 1e-2)",
+    )
     p.add_argument("--no-decode", action="store_true", help="score the prefill path only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report as JSON here")
@@ -56,7 +62,12 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
         alpha=args.alpha,
         device=args.device,
         config=CheckConfig(
-            mean_tol=args.mean_tol, max_tol=args.max_tol, scale=args.scale, seed=args.seed, decode=not args.no_decode
+            repeat_tol=args.repeat_tol,
+            mean_tol=args.mean_tol,
+            max_tol=args.max_tol,
+            scale=args.scale,
+            seed=args.seed,
+            decode=not args.no_decode,
         ),
     )
 
