@@ -25,31 +25,36 @@ class FaultNotApplicable(ValueError):
     """The fault cannot be injected into this adapter (e.g. no aliased tensors to drop)."""
 
 
-class NoPublish:
-    """Claims success and sends nothing: the sampler stays stale."""
+class _BreaksUpdates:
+    """The initial adapter goes out intact (so step 1 can agree); every later update goes through ``broken``."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.first = True
 
     def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
-        if self.first:  # the initial adapter still goes out, so step 1 can agree
+        if self.first:
             self.first = False
             return self.inner.publish(adapter, adapter_config, version)
+        return self.broken(adapter, adapter_config, version)
+
+    def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        raise NotImplementedError
+
+
+class NoPublish(_BreaksUpdates):
+    """Claims success and sends nothing: the sampler stays stale."""
+
+    def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         return UpdateResult(True, version)
 
 
-class DropAliases:
+class DropAliases(_BreaksUpdates):
     """Sends the unique tensors but forgets the alias map: aliased public names never reach the sampler."""
 
-    def __init__(self, inner: InMemoryPublisher) -> None:
-        self.inner = inner
-        self.first = True
+    inner: InMemoryPublisher
 
-    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
-        if self.first:  # the initial adapter goes out intact, so step 1 can agree
-            self.first = False
-            return self.inner.publish(adapter, adapter_config, version)
+    def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         plan = self.inner.plan(adapter, adapter_config, version)
         if not plan.manifest.aliases:
             raise FaultNotApplicable("drop-aliases needs an adapter with aliased (shared) tensors; this one has none")

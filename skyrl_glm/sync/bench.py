@@ -530,12 +530,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> None:
+def _join_pair(rank: int, opts: BenchOptions, port: int, minutes: int) -> tuple[_StoreChannel, Any, Any]:
+    """Rank 0 (sender) and rank 1 (receiver): the JSON control channel, the process group (nccl/gloo transport
+    only) and the transport."""
     import torch.distributed as dist
 
-    opts = BenchOptions(**opts_d)
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=_dt.timedelta(minutes=20))
-    chan = _StoreChannel(store)
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=_dt.timedelta(minutes=minutes))
     device = torch.device(opts.device if rank == 0 else opts.recv_device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -545,7 +545,14 @@ def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> N
         kw = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=2, **kw)
         group = dist.group.WORLD
-    transport = make_transport(opts.transport, group)
+    return _StoreChannel(store), group, make_transport(opts.transport, group)
+
+
+def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> None:
+    import torch.distributed as dist
+
+    opts = BenchOptions(**opts_d)
+    chan, group, transport = _join_pair(rank, opts, port, minutes=20)
     syn = synthetic_adapter(opts)
     try:
         if rank == 0:
@@ -569,18 +576,7 @@ def _roundtrip_proc(rank: int, opts_d: dict[str, Any], port: int, out_path: str)
     from skyrl_glm.sync.receiver import AdapterReceiver
 
     opts = BenchOptions(**opts_d)
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=_dt.timedelta(minutes=10))
-    chan = _StoreChannel(store)
-    device = torch.device(opts.device if rank == 0 else opts.recv_device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    group = None
-    if opts.transport == "nccl":
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        kw = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=2, **kw)
-        group = dist.group.WORLD
-    transport = make_transport(opts.transport, group)
+    chan, group, transport = _join_pair(rank, opts, port, minutes=10)
     syn = synthetic_adapter(opts)
     try:
         if rank == 0:
@@ -593,6 +589,7 @@ def _roundtrip_proc(rank: int, opts_d: dict[str, Any], port: int, out_path: str)
             sender.release()
             Path(out_path).write_text(json.dumps({**answer, "sent_tensors": info["sent_tensors"]}))
         else:
+            device = torch.device(opts.recv_device)
             t0 = time.perf_counter()
             got = AdapterReceiver(device).receive(chan.get("m"), json.loads(chan.get("h")), transport)
             _sync(device)
