@@ -179,3 +179,20 @@ def test_manifest_validation_is_structural():
     plan = build_plan(expert_adapter(), adapter_config=CONFIG, lora_name="p", version=1)
     with pytest.raises(ManifestError, match="twice"):
         dataclasses.replace(plan.manifest, tensors=plan.manifest.tensors[:1] * 2).validate()
+
+
+def test_incomplete_or_rank_mismatched_adapters_are_rejected_before_any_transfer():
+    adapter = expert_adapter()
+    no_b = {k: v for k, v in adapter.items() if "layers.1.self_attn.q_proj.lora_B" not in k}
+    with pytest.raises(UpdateRejected, match="missing tensors: 1"):
+        _receive(build_plan(no_b, adapter_config=CONFIG, lora_name="p", version=1))
+    bad_rank = dict(adapter)
+    bad_rank["base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"] = torch.zeros(16, 3)
+    plan = build_plan(bad_rank, adapter_config=CONFIG, lora_name="p", version=1)
+
+    class NeverCalled(SharedMemoryTransport):
+        def receive(self, manifest, handle, out):
+            raise AssertionError("the transfer must not start")
+
+    with pytest.raises(UpdateRejected, match="shape mismatch"):
+        AdapterReceiver().receive(plan.manifest.to_json(), {}, NeverCalled())

@@ -38,20 +38,25 @@ class ReceivedAdapter:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def _unpaired(names: dict[str, torch.Tensor]) -> list[str]:
-    pair = {".lora_A.": ".lora_B.", ".lora_B.": ".lora_A."}
-    return sorted(n for n in names for a, b in pair.items() if a in n and n.replace(a, b) not in names)
-
-
-def _rank_mismatches(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Pairs whose ranks disagree: ``lora_A`` is ``[r, in]`` and ``lora_B`` ``[out, r]`` (both 2D)."""
-    bad = []
-    for name, a in tensors.items():
-        if ".lora_A." in name:
-            b = tensors[name.replace(".lora_A.", ".lora_B.")]
-            if a.ndim == b.ndim == 2 and a.shape[0] != b.shape[1]:
-                bad.append(name)
-    return bad
+def structure_errors(manifest: Manifest) -> str | None:
+    """What is wrong with the adapter the manifest describes, from names and shapes alone (before any byte
+    moves): every ``lora_A`` needs its ``lora_B`` and their ranks must agree (``A [r, in]``, ``B [out, r]``)."""
+    shapes = {t.name: t.shape for t in manifest.tensors}
+    shapes.update({public: shapes[sent] for public, sent in manifest.aliases.items()})
+    unpaired, mismatched = [], []
+    for name, shape in shapes.items():
+        for mine, other in ((".lora_A.", ".lora_B."), (".lora_B.", ".lora_A.")):
+            if mine in name:
+                pair = shapes.get(name.replace(mine, other))
+                if pair is None:
+                    unpaired.append(name)
+                elif mine == ".lora_A." and len(shape) == len(pair) == 2 and shape[0] != pair[1]:
+                    mismatched.append(name)
+    if unpaired:
+        return f"missing tensors: {len(unpaired)} lora_A/lora_B without its pair, e.g. {sorted(unpaired)[:2]}"
+    if mismatched:
+        return f"shape mismatch: lora_A rows != lora_B columns for {sorted(mismatched)[:2]}"
+    return None
 
 
 class AdapterReceiver:
@@ -69,12 +74,16 @@ class AdapterReceiver:
             raise UpdateRejected(str(e)) from None
         if self.version is not None and manifest.version <= self.version:
             raise UpdateRejected(f"version {manifest.version} is not newer than the serving version {self.version}")
+        problem = structure_errors(manifest)
+        if problem:
+            raise UpdateRejected(problem)
+        t1 = time.perf_counter()
         staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
         try:
             transport.receive(manifest, handle, staging)
         except TransportError as e:
             raise UpdateRejected(f"transfer failed: {e}") from None
-        t1 = time.perf_counter()
+        t2 = time.perf_counter()
         sent: dict[str, torch.Tensor] = {}
         for entry in manifest.tensors:
             raw = staging[entry.offset : entry.offset + entry.nbytes]
@@ -87,23 +96,10 @@ class AdapterReceiver:
         bad = [n for n, ok in zip(sent, finite, strict=True) if not ok]
         if bad:
             raise UpdateRejected(f"non-finite values (NaN/inf) in {bad[:3]}{'...' if len(bad) > 3 else ''}")
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
         tensors = expand_lora_aliases(sent, manifest.aliases)
-        unpaired = _unpaired(tensors)
-        if unpaired:
-            raise UpdateRejected(
-                f"missing tensors: {len(unpaired)} lora_A/lora_B without its pair, e.g. {unpaired[:2]}"
-            )
-        mismatched = _rank_mismatches(tensors)
-        if mismatched:
-            raise UpdateRejected(f"shape mismatch: lora_A rows != lora_B columns for {mismatched[:2]}")
-        return ReceivedAdapter(
-            version=manifest.version,
-            lora_name=manifest.lora_name,
-            adapter_config=manifest.adapter_config,
-            tensors=tensors,
-            timings={"transfer_s": t1 - t0, "verify_s": t2 - t1, "rebuild_s": time.perf_counter() - t2},
-        )
+        timings = {"transfer_s": t2 - t1, "verify_s": (t1 - t0) + (t3 - t2), "rebuild_s": time.perf_counter() - t3}
+        return ReceivedAdapter(manifest.version, manifest.lora_name, manifest.adapter_config, tensors, timings)
 
     def commit(self, version: int) -> None:
         """Record ``version`` as serving; call only after the sampler loaded it."""
