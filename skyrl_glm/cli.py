@@ -12,7 +12,7 @@ from rich.table import Table
 
 from skyrl_glm.plugins import registry
 
-console = Console()
+console = Console(width=140)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -33,6 +33,16 @@ def _cmd_tiny_make(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sizes(args: argparse.Namespace) -> int:
+    from skyrl_glm.lora.sizes import family_sizes, print_sizes_table
+
+    family = registry().model(args.model)
+    targets = [t.strip() for t in args.lora_targets.split(",")] if args.lora_targets else None
+    rows = [family_sizes(family, full=not args.tiny, rank=args.rank, targets=targets)]
+    print_sizes_table(rows, console)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="skyrl-glm", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -46,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("outdir")
     make.add_argument("--seed", type=int, default=0)
     make.set_defaults(func=_cmd_tiny_make)
+
+    sizes = sub.add_parser("sizes", help="public vs unique adapter tensors and bytes, from config shapes only")
+    sizes.add_argument("model", nargs="?", default="glm-5.3")
+    sizes.add_argument("--rank", type=int, default=32)
+    sizes.add_argument("--tiny", action="store_true", help="the tiny config instead of the full one")
+    sizes.add_argument("--lora-targets", help="comma-separated HF target names (default: the policy's)")
+    sizes.set_defaults(func=_cmd_sizes)
 
     for module in _command_modules():
         module.add_parser(sub)

@@ -114,3 +114,10 @@ def test_tiny_make_is_deterministic_and_loads(model, tmp_path):
     with torch.no_grad():
         out = model_obj(torch.tensor([ids[:8]]))
     assert torch.isfinite(out.logits).all()
+
+
+def test_cli_sizes_reports_the_full_glm5_adapter():
+    out = subprocess.run(
+        [sys.executable, "-m", "skyrl_glm.cli", "sizes", "glm-5.3"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "116,292" in out and "1,389" in out  # public vs unique tensors at rank 32 (Bridge export, shared experts)
