@@ -49,23 +49,25 @@ def candidate_group(name: str) -> str | None:
 
 
 def _view_key(t: torch.Tensor) -> tuple:
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+    # data_ptr() already includes the storage offset.
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
 
 
-def _fingerprints(stacked: torch.Tensor) -> list[tuple[int, int]]:
-    """Exact integer fingerprints of each row (order-independent int64 sums): equal rows, equal prints."""
+def _fingerprints(stacked: torch.Tensor) -> list[int]:
+    """Per row, the int64 sum of its bytes read as int32 words (exact, order independent: equal rows, equal
+    prints). Only a filter that finds candidates: equality itself is always decided by comparing values."""
     w = stacked.reshape(stacked.shape[0], -1).view(torch.uint8)
     pad = (-w.shape[1]) % 4
     if pad:
         w = torch.nn.functional.pad(w, (0, pad))
-    w = w.view(torch.int32).to(torch.int64)
-    pos = torch.arange(w.shape[1], device=w.device, dtype=torch.int64).remainder_(251).add_(1)
-    return [tuple(r) for r in torch.stack([w.sum(1), (w * pos).sum(1)], 1).cpu().tolist()]
+    return w.view(torch.int32).sum(1, dtype=torch.int64).cpu().tolist()
 
 
 @dataclass
 class _Group:
+    values: dict[tuple, list[str]] = field(default_factory=dict)  # (shape, dtype) -> sent names of that meta
     by_print: dict[tuple, str] = field(default_factory=dict)  # (shape, dtype, fingerprint) -> sent name
+    printed: set[str] = field(default_factory=set)  # sent names whose fingerprint is in by_print
     pending: list[tuple[str, torch.Tensor]] = field(default_factory=list)
 
 
@@ -84,6 +86,9 @@ def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch
     unique: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     by_view: dict[tuple, str] = {}
+    # Fastest path: the exporter hands out the very same tensor object under many names (kept alive here, so
+    # its id cannot be reused while the entry exists).
+    by_object: dict[int, tuple[torch.Tensor, str]] = {}
     groups: dict[str, _Group] = {}
     public_count = public_bytes = 0
 
@@ -94,19 +99,30 @@ def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch
             by_meta.setdefault((tuple(t.shape), t.dtype), []).append((n, t))
         group.pending = []
         for meta, members in by_meta.items():
+            known = group.values.setdefault(meta, [])
+            if not known and len(members) == 1:  # the first value of its shape: nothing to compare with
+                name, t = members[0]
+                unique[name] = t
+                known.append(name)
+                continue
+            # Fingerprints only where a comparison is possible; earlier values get theirs lazily, now.
+            todo = [n for n in known if n not in group.printed]
+            if todo:
+                for n, fp in zip(todo, _fingerprints(torch.stack([unique[n] for n in todo])), strict=True):
+                    group.by_print.setdefault((meta, fp), n)
+                group.printed.update(todo)
             stacked = torch.stack([t for _, t in members])
             prints = _fingerprints(stacked)
-            # Candidate reference for each member: an earlier value with the same fingerprint.
-            refs: list[tuple[int, str]] = []
-            first_in_chunk: dict[tuple, str] = {}
+            refs: list[tuple[int, str]] = []  # (member index, earlier value with the same fingerprint)
             for i, ((n, t), fp) in enumerate(zip(members, prints, strict=True)):
-                key = (meta, fp)
-                ref = group.by_print.get(key) or first_in_chunk.get(key)
+                ref = group.by_print.get((meta, fp))
                 if ref is None:
-                    first_in_chunk[key] = n
+                    group.by_print[(meta, fp)] = n
                     unique[n] = t
+                    known.append(n)
                 else:
                     refs.append((i, ref))
+                group.printed.add(n)
             if refs:
                 equal = (
                     (stacked[[i for i, _ in refs]] == torch.stack([unique[r] for _, r in refs]))
@@ -123,10 +139,11 @@ def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch
                         key = _view_key(t)
                         if by_view.get(key) == name:
                             del by_view[key]
+                        if by_object.get(id(t), (None, None))[1] == name:
+                            del by_object[id(t)]
                     else:  # fingerprint collision: a distinct value after all
                         unique[name] = t
-            for key, n in first_in_chunk.items():
-                group.by_print.setdefault(key, n)
+                        known.append(name)
 
     names: set[str] = set()
     for name, t in pairs:
@@ -134,13 +151,18 @@ def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch
             raise ValueError(f"adapter stream repeats the name {name!r}")
         names.add(name)
         public_count += 1
-        public_bytes += t.numel() * t.element_size()
+        public_bytes += t.nbytes
+        same = by_object.get(id(t))
+        if same is not None and same[0] is t:
+            aliases[name] = same[1]
+            continue
         key = _view_key(t)
         seen = by_view.get(key)
         if seen is not None:
             aliases[name] = seen
             continue
         by_view[key] = name
+        by_object[id(t)] = (t, name)
         gname = candidate_group(name)
         if gname is None:
             unique[name] = t
