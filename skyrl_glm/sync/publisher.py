@@ -1,19 +1,22 @@
 """Publishers: how the trainer hands one adapter version to the sampler.
 
-``InMemoryPublisher`` is the product path (plan -> transport -> receiver -> in-memory load).
+``InMemoryPublisher`` is the product path (plan -> transport -> receiver -> in-memory load); ``publish`` drives
+an offline sampler (:class:`VllmEngineSampler`), ``publish_async`` an async one
+(:class:`~skyrl_glm.sync.vllm_async.AsyncVllmEngineSampler`) through the same plan and transport steps.
 ``DiskPublisher`` is the baseline it is measured against: a PEFT directory written and loaded by vLLM
 the standard way. Both take the trainer's adapter as ``{public name: tensor}`` plus its PEFT config.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors.torch import save_file
@@ -21,6 +24,9 @@ from safetensors.torch import save_file
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.vllm_engine import UpdateResult, VllmEngineSampler
+
+if TYPE_CHECKING:
+    from skyrl_glm.sync.vllm_async import AsyncVllmEngineSampler
 
 Adapter = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
@@ -34,7 +40,7 @@ class InMemoryPublisher:
 
     def __init__(
         self,
-        sampler: VllmEngineSampler,
+        sampler: VllmEngineSampler | AsyncVllmEngineSampler,
         transport: Transport,
         lora_name: str = "policy",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -54,23 +60,47 @@ class InMemoryPublisher:
             bucket_bytes=self.bucket_bytes,
         )
 
-    def send(self, plan: SyncPlan) -> UpdateResult:
-        """Ship a plan: stage it, let the sampler receive while the transport streams, then release."""
+    def _stage(self, plan: SyncPlan) -> tuple[float, float, dict[str, Any]]:
         t0 = time.perf_counter()
         handle = self.transport.prepare(plan)
-        t1 = time.perf_counter()
+        return t0, time.perf_counter(), handle
+
+    def _released(self, plan: SyncPlan, result: UpdateResult, t0: float, t1: float) -> UpdateResult:
+        self.transport.release()
+        result.timings = {**plan.timings, "stage_s": t1 - t0, **result.timings, "total_s": time.perf_counter() - t0}
+        return result
+
+    def send(self, plan: SyncPlan) -> UpdateResult:
+        """Ship a plan: stage it, let the sampler receive while the transport streams, then release."""
+        t0, t1, handle = self._stage(plan)
         with ThreadPoolExecutor(1) as pool:
             answer = pool.submit(self.sampler.apply_update, plan.manifest.to_json(), handle, self.transport.name)
             self.transport.stream(plan)
             result = answer.result()
-        self.transport.release()
-        result.timings = {**plan.timings, "stage_s": t1 - t0, **result.timings, "total_s": time.perf_counter() - t0}
-        return result
+        return self._released(plan, result, t0, t1)
+
+    async def send_async(self, plan: SyncPlan) -> UpdateResult:
+        """:meth:`send` for an async sampler: its ``apply_update`` is awaited while a thread streams."""
+        t0, t1, handle = await asyncio.to_thread(self._stage, plan)
+        streaming = asyncio.ensure_future(asyncio.to_thread(self.transport.stream, plan))
+        try:
+            result = await self.sampler.apply_update(plan.manifest.to_json(), handle, self.transport.name)
+        finally:
+            await streaming
+        return self._released(plan, result, t0, t1)
 
     def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         t0 = time.perf_counter()
         plan = self.last_plan = self.plan(adapter, adapter_config, version)
         result = self.send(plan)
+        result.timings["total_s"] = time.perf_counter() - t0
+        return result
+
+    async def publish_async(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        """:meth:`publish` for an async sampler; planning runs in a thread so the event loop keeps serving."""
+        t0 = time.perf_counter()
+        plan = self.last_plan = await asyncio.to_thread(self.plan, adapter, adapter_config, version)
+        result = await self.send_async(plan)
         result.timings["total_s"] = time.perf_counter() - t0
         return result
 

@@ -57,3 +57,7 @@ class LoraSyncWorkerExtension:
 
     def skyrl_glm_discard(self, name: str) -> bool:
         return discard_in_memory_adapter(name)
+
+    def skyrl_glm_staged(self) -> list[str]:
+        """Names of the adapters staged in this worker (read only)."""
+        return staged_adapter_names()
