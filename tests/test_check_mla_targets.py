@@ -39,7 +39,11 @@ def _check(glm5_dir, sampler, targets, first_version):
     trainer = hf_trainer(glm5_dir, family=FAMILY, targets=targets, rank=8, alpha=16, device="cpu")
     publisher = InMemoryPublisher(sampler, SharedMemoryTransport())
     return run_check(
-        trainer, sampler, publisher, make_probes(FAMILY.tiny_vocab_size), CheckConfig(first_version=first_version)
+        trainer,
+        sampler,
+        publisher,
+        make_probes(FAMILY.tiny_vocab_size),
+        CheckConfig(first_version=first_version, repeat_tol=BF16_REPEAT_TOL),
     )
 
 
