@@ -36,34 +36,32 @@ def checksums(tensors: Sequence[torch.Tensor]) -> list[str]:
 
 def packed_checksums(buffer: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list[str]:
     """:func:`checksums` of the tensors laid out in a packed ``uint8`` buffer, each ``(offset, nbytes)`` with
-    ``offset`` a multiple of 4, in a fixed handful of elementwise kernels and two prefix sums over the buffer,
-    whatever the number of tensors. Bytes between tensors are ignored; the result equals ``checksums`` of the
-    tensors themselves (prefix sums wrap modulo 2**64 like the plain sums, so their differences are exact)."""
+    ``offset`` a multiple of 4, in a fixed handful of kernels whatever the number of tensors (one index_add per
+    sum instead of a kernel chain per tensor). Bytes between tensors are ignored; the result equals
+    ``checksums`` of the tensors themselves."""
     if not spans:
         return []
     device = buffer.device
-    if any(o % 4 for o, _ in spans):
+    offsets = torch.tensor([o for o, _ in spans], dtype=torch.int64)
+    nbytes = torch.tensor([n for _, n in spans], dtype=torch.int64)
+    if bool((offsets % 4).any()):
         raise ValueError("packed_checksums needs 4-byte aligned offsets")
+    nwords = (nbytes + 3) // 4
+    segment = torch.repeat_interleave(torch.arange(len(spans)), nwords)
+    first = torch.cumsum(nwords, 0) - nwords  # index of each tensor's first word in the gathered list
+    local = torch.arange(int(nwords.sum())) - first[segment]  # word position inside its tensor
+    index = (offsets // 4)[segment] + local
     pad = (-buffer.numel()) % 4
-    words = (torch.nn.functional.pad(buffer, (0, pad)) if pad else buffer).view(torch.int32).to(torch.int64)
-    n = words.numel()
-    starts = torch.tensor([o // 4 for o, _ in spans], dtype=torch.int64, device=device)
-    ends = torch.tensor([o // 4 + (b + 3) // 4 for o, b in spans], dtype=torch.int64, device=device)
-    # Which words belong to a tensor, and each word's position inside its tensor.
-    edge = torch.zeros(n + 1, dtype=torch.int64, device=device)
-    edge.index_add_(0, starts, torch.ones_like(starts)).index_add_(0, ends, -torch.ones_like(ends))
-    inside = edge.cumsum(0)[:n] > 0
-    first = torch.zeros(n, dtype=torch.int64, device=device)
-    first[starts[starts < n]] = starts[starts < n]
-    position = torch.arange(n, device=device)
-    local = position - first.cummax(0).values
-    w = words * inside
+    words = torch.nn.functional.pad(buffer, (0, pad)) if pad else buffer
+    w = words.view(torch.int32)[index.to(device)].to(torch.int64)
     # A partial last word keeps only the tensor's own bytes (the per-tensor checksum pads with zeros).
-    ragged = [(o // 4 + b // 4, (1 << (8 * (b % 4))) - 1) for o, b in spans if b % 4]
+    tail = (nbytes % 4).tolist()
+    ragged = [i for i, r in enumerate(tail) if r]
     if ragged:
-        idx = torch.tensor([i for i, _ in ragged], dtype=torch.int64, device=device)
-        w[idx] &= torch.tensor([m for _, m in ragged], dtype=torch.int64, device=device)
-    c1 = torch.nn.functional.pad(w.cumsum(0), (1, 0))
-    c2 = torch.nn.functional.pad((w * (local % _WEIGHT_PERIOD + 1)).cumsum(0), (1, 0))
-    sums = torch.stack([c1[ends] - c1[starts], c2[ends] - c2[starts]], 1).cpu().tolist()
-    return [f"{a & _MASK:016x}{b & _MASK:016x}" for a, b in sums]
+        last = (first + nwords - 1)[ragged].to(device)
+        masks = torch.tensor([(1 << (8 * tail[i])) - 1 for i in ragged], dtype=torch.int64, device=device)
+        w[last] &= masks
+    segment, weights = segment.to(device), (local % _WEIGHT_PERIOD + 1).to(device)
+    s1 = torch.zeros(len(spans), dtype=torch.int64, device=device).index_add_(0, segment, w)
+    s2 = torch.zeros(len(spans), dtype=torch.int64, device=device).index_add_(0, segment, w * weights)
+    return [f"{a & _MASK:016x}{b & _MASK:016x}" for a, b in torch.stack([s1, s2], 1).cpu().tolist()]
