@@ -10,9 +10,7 @@ tensor; duplicates are dropped as soon as their chunk is decided, so sender memo
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +21,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
     mark_alpha_folded,
 )
 
-from skyrl_glm.sync.checksum import packed_checksums
+from skyrl_glm.sync.checksum import checksums
 from skyrl_glm.sync.manifest import Manifest, TensorEntry, align, dtype_name
 
 _EXPERT = re.compile(r"\.experts\.\d+\.")
@@ -242,6 +240,8 @@ def build_plan(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> SyncPlan:
     """Deduplicate, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, lay out."""
+    import time
+
     t0 = time.perf_counter()
     dedup = deduplicate(adapter)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
@@ -254,10 +254,13 @@ def build_plan(
     tensors = [t.contiguous() for t in folded.values()]
     _sync(device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
     t2 = time.perf_counter()
+    sums = checksums(tensors)
+    t3 = time.perf_counter()
     entries, offset = [], 0
-    for name, t in zip(folded, tensors, strict=True):
-        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), offset, t.nbytes, checksum=""))
-        offset += align(t.nbytes)
+    for name, t, cs in zip(folded, tensors, sums, strict=True):
+        nbytes = t.numel() * t.element_size()
+        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes, cs))
+        offset += align(nbytes)
     manifest = Manifest(
         version=version,
         lora_name=lora_name,
@@ -267,16 +270,6 @@ def build_plan(
         total_bytes=offset,
         bucket_bytes=bucket_bytes,
     )
-    plan = SyncPlan(manifest, tensors, dedup.public_count, dedup.public_bytes, timings={})
-    # Checksums over the packed buckets, exactly the bytes the receiver will verify (a few kernels per bucket).
-    sums: list[str] = []
-    for start, bucket in plan.buckets():
-        inside = [e for e in entries if start <= e.offset < start + bucket.numel()]
-        sums += packed_checksums(bucket, [(e.offset - start, e.nbytes) for e in inside])
-    plan.manifest = dataclasses.replace(
-        manifest, tensors=tuple(dataclasses.replace(e, checksum=cs) for e, cs in zip(entries, sums, strict=True))
-    )
-    plan.manifest.validate()
-    t3 = time.perf_counter()
-    plan.timings = {"dedup_s": t1 - t0, "fold_s": t2 - t1, "checksum_s": t3 - t2}
-    return plan
+    manifest.validate()
+    timings = {"dedup_s": t1 - t0, "fold_s": t2 - t1, "checksum_s": t3 - t2}
+    return SyncPlan(manifest, tensors, dedup.public_count, dedup.public_bytes, timings)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases
 
-from skyrl_glm.sync.checksum import packed_checksums
+from skyrl_glm.sync.checksum import checksums
 from skyrl_glm.sync.manifest import DTYPES, Manifest, ManifestError
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
@@ -88,7 +88,7 @@ class AdapterReceiver:
         for entry in manifest.tensors:
             raw = staging[entry.offset : entry.offset + entry.nbytes]
             sent[entry.name] = raw.view(DTYPES[entry.dtype]).view(entry.shape)
-        got = packed_checksums(staging, [(e.offset, e.nbytes) for e in manifest.tensors])
+        got = checksums(list(sent.values()))
         for entry, cs in zip(manifest.tensors, got, strict=True):
             if cs != entry.checksum:
                 raise UpdateRejected(f"checksum mismatch on {entry.name!r} (corrupt or partial transfer)")
