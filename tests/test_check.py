@@ -123,3 +123,34 @@ def test_cli_no_publish_exits_1_naming_step_5(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert json.loads(out.read_text())["failed_step"] == 5
     assert "FAIL at step 5" in proc.stdout.replace("\n", " ")
+
+
+@pytest.mark.slow
+def test_check_runs_on_any_glm_checkpoint_dir(tmp_path):
+    """A checkpoint made with plain transformers (other sizes than the built-in tiny config) via --model DIR."""
+    from transformers import AutoModelForCausalLM, Glm4MoeConfig
+
+    from skyrl_glm.check.runner import CheckOptions, run
+    from skyrl_glm.models.tokenizer import build_tokenizer
+
+    config = Glm4MoeConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=640,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+    )
+    torch.manual_seed(5)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "ckpt")
+    build_tokenizer(512).save_pretrained(tmp_path / "ckpt")
+    report = run(CheckOptions(model=str(tmp_path / "ckpt"), workdir=str(tmp_path)))
+    assert report.passed, report.first_failure
+    assert report.info["model"] == "glm-4.5" and report.steps[4].prefill.max <= 1e-5

@@ -102,12 +102,7 @@ def run(
         trainer, sampler, publisher = build(options, family, model_dir)
         t1 = time.perf_counter()
         phase("running the five steps")
-        probes = make_probes(
-            family.tiny_vocab_size
-            if options.model in registry().models or options.model is None
-            else _vocab_size(model_dir),
-            seed=options.config.seed,
-        )
+        probes = make_probes(_vocab_size(model_dir), seed=options.config.seed)
         report = run_check(trainer, sampler, publisher, probes, options.config, on_step=on_step)
         t2 = time.perf_counter()
     report.info.update(
