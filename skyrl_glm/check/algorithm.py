@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from skyrl_glm.check.probes import Probes
+from skyrl_glm.sync.publisher import Publisher
 
 
 class TrainerScorer(Protocol):
@@ -29,10 +30,6 @@ class TrainerScorer(Protocol):
 class SamplerScorer(Protocol):
     def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]: ...
-
-
-class Publisher(Protocol):
-    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> Any: ...
 
 
 @dataclass(frozen=True)
