@@ -89,6 +89,11 @@ class CheckReport:
         return next((s for s in self.steps if not s.passed), None)
 
 
+def _minus(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
+    """Per-token change between two scorings of the same tokens."""
+    return [[x - y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
+
+
 def _decode_diff(trainer: TrainerScorer, sampler: SamplerScorer, probes: Probes) -> Diff:
     """Sampler's logprobs of its own greedy tokens vs the trainer's logprobs of the same tokens."""
     gens = sampler.generate(probes.prompts, probes.decode_tokens)
@@ -186,11 +191,6 @@ def run_check(
     t0 = time.perf_counter()
     sampler_after = sampler.score(probes.sequences)
     agree(5, "agree again", t0, trainer_after, sampler_after)
-    trainer_delta = [
-        [a - b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(trainer_after, trainer_before, strict=True)
-    ]
-    sampler_delta = [
-        [a - b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(sampler_after, sampler_before, strict=True)
-    ]
-    report.steps[-1].extra["delta_mismatch_mean"] = Diff.between(trainer_delta, sampler_delta).mean
+    delta_mismatch = Diff.between(_minus(trainer_after, trainer_before), _minus(sampler_after, sampler_before))
+    report.steps[-1].extra["delta_mismatch_mean"] = delta_mismatch.mean
     return report

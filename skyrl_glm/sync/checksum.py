@@ -16,12 +16,14 @@ _WEIGHT_PERIOD = 251
 _MASK = 0xFFFFFFFFFFFFFFFF
 
 
+def int32_words(raw: torch.Tensor) -> torch.Tensor:
+    """``uint8`` bytes (last dim) read as int32 words, the last dim zero-padded to a multiple of 4 bytes."""
+    pad = (-raw.shape[-1]) % 4
+    return (torch.nn.functional.pad(raw, (0, pad)) if pad else raw).view(torch.int32)
+
+
 def _sums(t: torch.Tensor) -> torch.Tensor:
-    raw = t.contiguous().view(-1).view(torch.uint8)
-    pad = (-raw.numel()) % 4
-    if pad:
-        raw = torch.cat([raw, raw.new_zeros(pad)])
-    w = raw.view(torch.int32).to(torch.int64)
+    w = int32_words(t.contiguous().view(-1).view(torch.uint8)).to(torch.int64)
     weights = torch.arange(w.numel(), device=w.device, dtype=torch.int64).remainder_(_WEIGHT_PERIOD).add_(1)
     return torch.stack([w.sum(), (w * weights).sum()])
 

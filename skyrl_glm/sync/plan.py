@@ -21,7 +21,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
     mark_alpha_folded,
 )
 
-from skyrl_glm.sync.checksum import checksums
+from skyrl_glm.sync.checksum import checksums, int32_words
 from skyrl_glm.sync.manifest import Manifest, TensorEntry, align, dtype_name
 
 _EXPERT = re.compile(r"\.experts\.\d+\.")
@@ -56,11 +56,8 @@ def _view_key(t: torch.Tensor) -> tuple:
 def _fingerprints(stacked: torch.Tensor) -> list[int]:
     """Per row, the int64 sum of its bytes read as int32 words (exact, order independent: equal rows, equal
     prints). Only a filter that finds candidates: equality itself is always decided by comparing values."""
-    w = stacked.reshape(stacked.shape[0], -1).view(torch.uint8)
-    pad = (-w.shape[1]) % 4
-    if pad:
-        w = torch.nn.functional.pad(w, (0, pad))
-    return w.view(torch.int32).sum(1, dtype=torch.int64).cpu().tolist()
+    words = int32_words(stacked.reshape(stacked.shape[0], -1).view(torch.uint8))
+    return words.sum(1, dtype=torch.int64).cpu().tolist()
 
 
 @dataclass
