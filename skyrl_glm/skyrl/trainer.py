@@ -28,7 +28,7 @@ from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.skyrl.check import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
 from skyrl_glm.skyrl.config import resolved_transport
-from skyrl_glm.skyrl.workers import WorkerSync
+from skyrl_glm.skyrl.worker_sync import WorkerSync
 
 log = logging.getLogger(__name__)
 
