@@ -76,8 +76,9 @@ def test_megatron_sync_perturbs_and_restores_lora_b_exactly() -> None:
     assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
-@pytest.mark.parametrize(("merge_lora", "mode", "expected"), [(False, "memory", True), (True, "memory", False),
-                                                              (False, "disk", False)])
+@pytest.mark.parametrize(
+    ("merge_lora", "mode", "expected"), [(False, "memory", True), (True, "memory", False), (False, "disk", False)]
+)
 def test_megatron_memory_sync_needs_an_unmerged_adapter(merge_lora: bool, mode: str, expected: bool) -> None:
     worker = FakeMegatronWorker(merge_lora=merge_lora)
     worker.skyrl_glm_configure({"mode": mode, "transport": "cpu", "bucket_bytes": 1 << 20})
@@ -118,3 +119,32 @@ def test_a_refused_update_is_not_loaded_and_staged_copies_are_discarded() -> Non
     assert client.loaded == []  # the previous adapter keeps serving
     assert [m for m, _ in client.calls] == ["skyrl_glm_receive", "skyrl_glm_discard"]
     assert client.calls[1][1] == ["skyrl-lora@v1"]
+
+
+def test_sync_verify_off_skips_only_the_per_tensor_checks() -> None:
+    """``skyrl_glm.sync.verify=false``: a bad checksum is no longer caught, a broken structure still is."""
+    import dataclasses
+
+    from skyrl_glm.sync.plan import build_plan
+    from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
+
+    adapter = {
+        "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(2, 8),
+        "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(8, 2),
+    }
+    plan = build_plan(adapter, adapter_config={"r": 2, "lora_alpha": 2}, lora_name="p", version=1)
+    first = plan.manifest.tensors[0]
+    wrong_sum = dataclasses.replace(
+        plan.manifest, tensors=(dataclasses.replace(first, checksum="0" * 32), *plan.manifest.tensors[1:])
+    ).to_json()
+    unpaired = dataclasses.replace(plan.manifest, tensors=plan.manifest.tensors[:1]).to_json()
+    tx = SharedMemoryTransport()
+    handle = tx.prepare(plan)
+    try:
+        with pytest.raises(UpdateRejected, match="checksum mismatch"):
+            AdapterReceiver().receive(wrong_sum, handle, tx)
+        assert set(AdapterReceiver().receive(wrong_sum, handle, tx, verify=False).tensors) == set(adapter)
+        with pytest.raises(UpdateRejected, match="without its pair"):
+            AdapterReceiver().receive(unpaired, handle, tx, verify=False)
+    finally:
+        tx.release()

@@ -38,7 +38,7 @@ CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits
 def worker_sync(cfg: Any) -> WorkerSync:
     """The workers' part of ``skyrl_glm.sync``."""
     sync = cfg.skyrl_glm.sync
-    return WorkerSync(sync.mode, resolved_transport(cfg), sync.bucket_bytes, sync.fault)
+    return WorkerSync(sync.mode, resolved_transport(cfg), sync.bucket_bytes, sync.verify, sync.fault)
 
 
 def _render(report: CheckReport) -> str:

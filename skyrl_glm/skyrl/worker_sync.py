@@ -30,6 +30,7 @@ class WorkerSync:
     mode: str
     transport: str
     bucket_bytes: int
+    verify: bool = True
     fault: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,7 +100,9 @@ class GlmSyncMixin:
             else:
                 if self._glm_publisher is None:
                     transport = registry().transport(self._glm_sync.transport)()
-                    self._glm_publisher = ServerPublisher(client, transport, self._glm_sync.bucket_bytes)
+                    self._glm_publisher = ServerPublisher(
+                        client, transport, self._glm_sync.bucket_bytes, self._glm_sync.verify
+                    )
                 tensors, config = adapter
                 result = await self._glm_publisher.publish(tensors, config, lora_name, self._glm_version)
             self._glm_last = {"ok": result.ok, "version": result.version, "reason": result.reason, **result.timings}
