@@ -52,13 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     tiny = sub.add_parser("tiny", help="tiny random-weight checkpoints").add_subparsers(dest="tiny_cmd", required=True)
     make = tiny.add_parser("make", help="write a tiny checkpoint + tokenizer for a registered model family")
-    make.add_argument("model")
+    make.add_argument("model", choices=sorted(registry().models))
     make.add_argument("outdir")
     make.add_argument("--seed", type=int, default=0)
     make.set_defaults(func=_cmd_tiny_make)
 
     sizes = sub.add_parser("sizes", help="public vs unique adapter tensors and bytes, from config shapes only")
-    sizes.add_argument("model", nargs="?", default="glm-5.3")
+    sizes.add_argument("model", nargs="?", default="glm-5.3", choices=sorted(registry().models))
     sizes.add_argument("--rank", type=int, default=32)
     sizes.add_argument("--tiny", action="store_true", help="the tiny config instead of the full one")
     sizes.add_argument("--lora-targets", help="comma-separated HF target names (default: the policy's)")

@@ -20,7 +20,22 @@ def test_builtin_support_arrives_through_the_entry_point():
     assert {"glm-5.3", "glm-5.3-flash", "glm-4.5"} <= set(reg.models)
     assert reg.model_for_type("glm_moe_dsa").name == "glm-5.3"
     assert {"cpu", "nccl", "ipc"} <= set(reg.transports)
-    assert {"trainer:hf", "sampler:vllm"} <= set(reg.scorers)
+    assert "hf" in reg.trainers and "vllm" in reg.samplers
+    from skyrl_glm.sync.transports.shm import SharedMemoryTransport
+
+    assert reg.transport("cpu") is SharedMemoryTransport  # registered by reference, imported on first use
+
+
+def test_a_misspelled_hook_is_an_error():
+    from skyrl_glm.plugins import RegistryError, hookimpl
+
+    class Typo:
+        @hookimpl
+        def skyrl_glm_transport(self):  # the hook is skyrl_glm_transports
+            return []
+
+    with pytest.raises(RegistryError, match="skyrl_glm_transport"):
+        plugin_manager([Typo()])
 
 
 def test_a_third_party_package_adds_a_model_family(tmp_path, monkeypatch):

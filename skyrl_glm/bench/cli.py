@@ -26,6 +26,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from skyrl_glm.plugins import registry
+
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
 
 
@@ -72,7 +74,7 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="glm-5.3", help="registered model family (default glm-5.3)")
+    p.add_argument("--model", default="glm-5.3", choices=sorted(registry().models), help="registered model family")
     p.add_argument("--config", choices=("tiny", "full"), default="tiny")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N MoE layers (fits a CPU)")
     p.add_argument("--rank", type=int, default=32)
@@ -85,7 +87,7 @@ def add_parser(subparsers: Any) -> None:
         help="one adapter for all routed experts of a layer (Bridge share_expert_adapters)",
     )
     p.add_argument("--copies", action="store_true", help="exporter hands out a separate copy under every name")
-    p.add_argument("--transport", choices=("cpu", "nccl", "ipc"), default="cpu")
+    p.add_argument("--transport", choices=sorted(registry().transports), default="cpu")
     p.add_argument("--device", default=None, help="sender device (default cuda:0 for nccl/ipc when present, else cpu)")
     p.add_argument("--recv-device", default=None, help="receiver device (nccl: cuda:1; ipc/cpu: the sender's)")
     p.add_argument("--bucket-mb", type=int, default=512)

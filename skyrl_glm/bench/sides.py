@@ -71,7 +71,7 @@ def verify_rebuilt(
 def make_transport(name: str, group: Any = None) -> Any:
     from skyrl_glm.plugins import registry
 
-    cls = registry().transports[name]
+    cls = registry().transport(name)
     return cls(group=group, src=0) if name == "nccl" else cls()
 
 

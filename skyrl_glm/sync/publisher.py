@@ -13,27 +13,19 @@ import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors.torch import save_file
 
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
-from skyrl_glm.sync.update import Sampler, UpdateResult
+from skyrl_glm.sync.update import Adapter, Sampler, UpdateResult
 
 if TYPE_CHECKING:
     from skyrl_glm.sync.vllm.async_engine import AsyncVllmEngineSampler
-
-Adapter = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-
-
-class Publisher(Protocol):
-    def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult: ...
-
 
 class InMemoryPublisher:
     """Deduplicated, checksummed, in-memory handoff through any registered transport."""
