@@ -24,7 +24,6 @@ from skyrl_glm.sync.manifest import Manifest
 from skyrl_glm.sync.plan import SyncPlan, build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.routing.plan import (
-    TARGET_STYLE,
     ReceiverLayout,
     RoutingError,
     Slice,
@@ -38,6 +37,7 @@ from skyrl_glm.sync.routing.plan import (
     replicated,
     row_parallel,
     split,
+    target_styles,
 )
 from skyrl_glm.sync.routing.transport import piece_checksums, route_label
 from skyrl_glm.sync.transports.base import Transport
@@ -102,13 +102,13 @@ def test_unknown_and_fused_3d_names_are_refused():
 
 
 def test_every_family_target_has_a_sharding_rule():
-    """Driven by the families' target lists (skyrl_glm/models/targets.py): a new target needs a rule here."""
+    """Driven by the families' target records (skyrl_glm/models/targets.py): each carries its TP style."""
     from skyrl_glm.plugins import registry
 
     reg = registry()
     for fam in ("glm-5.3", "glm-5.3-flash", "glm-4.5"):
         for t in reg.model(fam).lora.targets:
-            assert t.hf in TARGET_STYLE, (fam, t.hf)
+            assert t.tp_style is not None and target_styles()[t.hf] == t.tp_style, (fam, t.hf)
 
 
 def test_receiver_expert_parallel_places_each_expert_whole_on_its_block_owner():

@@ -23,15 +23,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+from skyrl_glm.paths import output_path_error
 from skyrl_glm.plugins import registry
 
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
 
 
+def argument_error(args: argparse.Namespace) -> str | None:
+    """The first problem with the arguments, found before any work (or None)."""
+    for flag, value, least in (("--rank", args.rank, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            return f"{flag} must be >= {least}, got {value}"
+    if args.bucket_mb < 0:
+        return f"--bucket-mb must be >= 0, got {args.bucket_mb}"
+    if args.layers is not None and args.layers < 1:
+        return f"--layers must be >= 1, got {args.layers}"
+    family = registry().model(args.model)
+    if args.config == "full" and family.full_config is None:
+        return f"--config full: model family {args.model!r} has no full config (use --config tiny)"
+    return output_path_error("--json", args.json) or output_path_error("--plot", args.plot)
+
+
 def _cmd_bench_sync(args: argparse.Namespace) -> int:
+    error = argument_error(args)
+    if error is not None:
+        print(f"skyrl-glm bench sync: error: {error}", file=sys.stderr)
+        return 2
     from skyrl_glm.bench.report import plot_report, print_report
     from skyrl_glm.bench.run import run_sync_bench
     from skyrl_glm.bench.synthetic import BenchOptions

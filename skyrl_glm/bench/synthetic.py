@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -60,12 +59,7 @@ def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]
     from skyrl_glm.plugins import registry
 
     family = registry().model(model)
-    if config == "tiny":
-        cfg = family.tiny_config()
-    elif config == "full":
-        cfg = importlib.import_module(family.tiny_config.__module__).full_config()
-    else:
-        raise SystemExit(f"--config must be tiny or full, got {config!r}")
+    cfg = family.config(config)
     if layers is not None:
         from skyrl_glm.lora.bridge import _layer_is_moe
 

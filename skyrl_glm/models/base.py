@@ -1,4 +1,10 @@
-"""What a model adapter tells skyrl-glm: facts, LoRA targets per side, and how to make a tiny copy."""
+"""What a model adapter tells skyrl-glm: facts, LoRA targets per side, configs, and how a sampler serves it.
+
+One record per fact: a :class:`LoraTarget` holds everything about one LoRA-able module (its HF, Megatron and vLLM
+names, the vLLM tensor-parallel style of its base layer, which samplers ignore it); a :class:`ModelFamily` holds
+everything about one architecture (facts, full and tiny configs, vLLM CPU dtype, sampler config overrides).
+Importing this module imports no torch or transformers.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Sampler backends a target policy knows about.
-SAMPLER_BACKENDS = ("vllm", "vllm-cpu")
+# How vLLM 0.32 splits a LoRA target's tensors over tensor-parallel ranks (its base layer's parallel style;
+# read from vllm/lora/layers/{column,row}_parallel_linear.py, fused_moe.py and the GLM/DeepSeek model files).
+REPLICATED = "replicated"  # ReplicatedLinear, or a parallel linear built with disable_tp=True: A and B whole
+COLUMN = "column"  # Column/MergedColumn/QKV(q) ParallelLinear: A whole, B split on dim 0
+ROW = "row"  # RowParallelLinear: A split on dim 1, B whole
+QKV_KV = "qkv_kv"  # k / v of a QKVParallelLinear: like COLUMN over min(tp, num_kv_heads) head groups
+EXPERT_COLUMN = "expert_column"  # routed experts' w1/w3 (gate/up) under FusedMoEWithLoRA: like COLUMN
+EXPERT_ROW = "expert_row"  # routed experts' w2 (down): like ROW
+TP_STYLES = (REPLICATED, COLUMN, ROW, QKV_KV, EXPERT_COLUMN, EXPERT_ROW)
 
 
 class UnsupportedTargetError(ValueError):
@@ -18,6 +31,9 @@ class UnsupportedTargetError(ValueError):
 class LoraTarget:
     """One LoRA-able module, named on every side of the handoff.
 
+    ``hf``: the PEFT target, written with its parent (``self_attn.q_a_proj``); ``megatron``: the Megatron-Core
+    module (``linear_q_down_proj``); ``vllm``: the vLLM module that carries its LoRA (fused layers share one, e.g.
+    ``gate_up_proj``); ``tp_style``: how vLLM shards it over TP ranks (one of :data:`TP_STYLES`).
     ``unsupported`` maps a sampler backend to the reason it does not apply a LoRA on this module.
     """
 
@@ -26,6 +42,12 @@ class LoraTarget:
     kind: str  # attention | dense_mlp | shared_expert | routed_expert | indexer
     default: bool = True
     unsupported: Mapping[str, str] = field(default_factory=dict)
+    vllm: str | None = None
+    tp_style: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tp_style is not None and self.tp_style not in TP_STYLES:
+            raise ValueError(f"{self.hf}: tp_style {self.tp_style!r} is not one of {TP_STYLES}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,17 @@ class LoraPolicy:
                 raise UnsupportedTargetError(f"sampler {sampler!r} does not apply LoRA on {lines}")
         return [t.hf for t in chosen]
 
+    def vllm_modules(self, hf_names: Sequence[str]) -> list[str]:
+        """vLLM ``lora_target_modules`` for these HF targets (deduplicated, order kept)."""
+        out: list[str] = []
+        for name in hf_names:
+            module = self.target(name).vllm
+            if module is None:
+                raise UnsupportedTargetError(f"{name!r} has no vLLM LoRA module")
+            if module not in out:
+                out.append(module)
+        return out
+
     def megatron_targets(self, hf_names: Sequence[str]) -> list[str]:
         """Megatron module names for these HF targets (deduplicated, order kept)."""
         out: list[str] = []
@@ -79,8 +112,13 @@ class LoraPolicy:
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """A model adapter. ``tiny_config`` builds a small random-weight config of the same architecture;
-    ``prepare_for_sampler`` (optional) returns kwargs that let a given sampler backend serve a checkpoint."""
+    """A model adapter.
+
+    ``tiny_config`` builds a small random-weight config of the same architecture, ``full_config`` the published
+    one (None: only facts are known). ``vllm_cpu_dtype``: the dtype vLLM's CPU build serves it in (None: no CPU
+    serving path). ``sampler_overrides(model_dir, device=, max_model_len=)`` (optional) returns extra vLLM engine
+    kwargs a checkpoint needs on that device (``hf_overrides``, ``max_model_len``).
+    """
 
     name: str
     hf_model_type: str
@@ -88,8 +126,21 @@ class ModelFamily:
     facts: Mapping[str, Any]
     lora: LoraPolicy
     tiny_config: Callable[[], Any]
+    full_config: Callable[[], Any] | None = None
+    vllm_cpu_dtype: str | None = None
+    sampler_overrides: Callable[..., dict[str, Any]] | None = None
     tiny_vocab_size: int = 512
     model_class: Callable[[Any], Any] | None = None  # default: AutoModelForCausalLM.from_config
+
+    def config(self, which: str) -> Any:
+        """The ``"tiny"`` or ``"full"`` config; a family without a full config says so."""
+        if which == "tiny":
+            return self.tiny_config()
+        if which != "full":
+            raise ValueError(f"config must be 'tiny' or 'full', got {which!r}")
+        if self.full_config is None:
+            raise ValueError(f"model family {self.name!r} has no full config (only its tiny config); use the tiny one")
+        return self.full_config()
 
     def build_model(self, config: Any) -> Any:
         if self.model_class is not None:
