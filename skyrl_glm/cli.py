@@ -37,7 +37,7 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
     from skyrl_glm.lora.sizes import family_sizes, print_sizes_table
 
     family = registry().model(args.model)
-    targets = [t.strip() for t in args.lora_targets.split(",")] if args.lora_targets else None
+    targets = None if args.lora_targets is None else [t for t in args.lora_targets.split(",") if t.strip()]
     rows = [family_sizes(family, full=not args.tiny, rank=args.rank, targets=targets)]
     print_sizes_table(rows, console)
     return 0
@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("model", nargs="?", default="glm-5.3", choices=sorted(registry().models))
     sizes.add_argument("--rank", type=int, default=32)
     sizes.add_argument("--tiny", action="store_true", help="the tiny config instead of the full one")
-    sizes.add_argument("--lora-targets", help="comma-separated HF target names (default: the policy's)")
+    sizes.add_argument(
+        "--lora-targets",
+        help="LoRA targets, comma-separated: qualified, PEFT short (q_a_proj) or Megatron (linear_fc1)",
+    )
     sizes.set_defaults(func=_cmd_sizes)
 
     for module in _command_modules():

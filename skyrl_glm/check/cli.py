@@ -25,7 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampler", default="vllm", choices=sorted(registry().samplers))
     p.add_argument("--transport", default="cpu", choices=transport_choices())
     p.add_argument("--fault", default="none", choices=FAULTS, help="replace the handoff with a deliberately broken one")
-    p.add_argument("--lora-targets", help="comma-separated HF target names (default: the model's policy)")
+    p.add_argument(
+        "--lora-targets",
+        help="LoRA targets, comma-separated: qualified, PEFT short (q_a_proj) or Megatron (linear_fc1)",
+    )
     p.add_argument(
         "--allow-unsupported-targets",
         action="store_true",
@@ -57,7 +60,7 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
         sampler=args.sampler,
         transport=args.transport,
         fault=args.fault,
-        lora_targets=[t.strip() for t in args.lora_targets.split(",")] if args.lora_targets else None,
+        lora_targets=None if args.lora_targets is None else [t for t in args.lora_targets.split(",") if t.strip()],
         allow_unsupported_targets=args.allow_unsupported_targets,
         rank=args.rank,
         alpha=args.alpha,

@@ -98,7 +98,7 @@ def family_sizes(
     """:func:`adapter_sizes` for a registered family: its full or tiny config, with ``targets`` as users write them
     (default: the family's targets for the GPU sampler, ``vllm``, routed experts included)."""
     config = family.config("full" if full else "tiny")
-    chosen = family.lora.resolve(list(targets) if targets else None, sampler="vllm", allow_unsupported=True)
+    chosen = family.lora.resolve(None if targets is None else list(targets), sampler="vllm", allow_unsupported=True)
     label = f"{family.name} ({'full' if full else 'tiny'})"
     return adapter_sizes(config, rank=rank, targets=chosen, model=label, **kw)
 

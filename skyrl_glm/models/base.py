@@ -8,9 +8,12 @@ Importing this module imports no torch or transformers.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # How vLLM 0.32 splits a LoRA target's tensors over tensor-parallel ranks (its base layer's parallel style;
 # read from vllm/lora/layers/{column,row}_parallel_linear.py, fused_moe.py and the GLM/DeepSeek model files).
@@ -50,6 +53,10 @@ class LoraTarget:
             raise ValueError(f"{self.hf}: tp_style {self.tp_style!r} is not one of {TP_STYLES}")
 
 
+def _suffix_match(qualified: str, short: str) -> bool:
+    return qualified == short or qualified.endswith("." + short)
+
+
 @dataclass(frozen=True)
 class LoraPolicy:
     """The LoRA targets of a model family and the rules for choosing among them."""
@@ -59,12 +66,42 @@ class LoraPolicy:
     megatron_lora_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def target(self, hf_name: str) -> LoraTarget:
+        """The record of one qualified HF target name."""
         for t in self.targets:
             if t.hf == hf_name:
                 return t
         raise UnsupportedTargetError(
             f"{hf_name!r} is not a LoRA target of this model; known: {[t.hf for t in self.targets]}"
         )
+
+    def match(self, name: str) -> list[LoraTarget]:
+        """Every target a name as users write it means: a qualified HF name (``self_attn.q_a_proj``), a PEFT-style
+        short name matched as a dotted suffix (``q_a_proj``; ``gate_proj`` means the dense MLP's, the shared
+        expert's and the routed experts' gate), or a Megatron module name (``linear_fc1``). Unknown: an error."""
+        name = name.strip()
+        if not name:
+            raise UnsupportedTargetError("an empty LoRA target name")
+        exact = [t for t in self.targets if t.hf == name]
+        if exact:
+            return exact
+        found = [t for t in self.targets if t.megatron == name or _suffix_match(t.hf, name)]
+        if not found:
+            raise UnsupportedTargetError(
+                f"{name!r} is not a LoRA target of this model (HF, PEFT short or Megatron name); "
+                f"known: {[t.hf for t in self.targets]}"
+            )
+        return found
+
+    def expand(self, names: Sequence[str]) -> list[str]:
+        """Qualified HF names for ``names`` as users write them (order kept, no repeats). A name that means
+        several targets expands to all of them, and says so in the log."""
+        out: list[str] = []
+        for name in names:
+            found = self.match(name)
+            if len(found) > 1 or found[0].hf != name.strip():
+                log.info("LoRA target %r means %s", name, ", ".join(t.hf for t in found))
+            out += [t.hf for t in found if t.hf not in out]
+        return out
 
     def resolve(
         self,
@@ -73,15 +110,18 @@ class LoraPolicy:
         sampler: str = "vllm",
         allow_unsupported: bool = False,
     ) -> list[str]:
-        """HF/PEFT module names to train.
+        """Qualified HF/PEFT target names to train.
 
         Without ``requested``: the default targets this sampler applies (a default it cannot apply, such as
-        routed experts on vLLM's CPU build, is left out). With ``requested``: exactly those, and asking for a
+        routed experts on vLLM's CPU build, is left out). With ``requested`` (names as users write them, see
+        :meth:`match`; an empty list is an error): exactly those, and asking for a
         target the sampler does not apply is an error naming the module and why (unless ``allow_unsupported``).
         """
-        if not requested:
+        if requested is None:
             return [t.hf for t in self.targets if t.default and sampler not in t.unsupported]
-        chosen = [self.target(n) for n in requested]
+        if not requested:
+            raise UnsupportedTargetError("no LoRA targets given")
+        chosen = [self.target(n) for n in self.expand(requested)]
         if not allow_unsupported:
             bad = [(t.hf, t.unsupported[sampler]) for t in chosen if sampler in t.unsupported]
             if bad:
