@@ -65,6 +65,73 @@ def test_a_third_party_package_adds_a_model_family(tmp_path, monkeypatch):
         registry().model("acme-glm")  # the cached process registry predates the install
 
 
+ACME = """
+from skyrl_glm.models.base import LoraPolicy, ModelFamily
+from skyrl_glm.models.glm4 import tiny_config
+from skyrl_glm.models.targets import gqa_attention, moe_mlp
+from skyrl_glm.plugins import hookimpl
+
+@hookimpl
+def skyrl_glm_model_families():
+    return [ModelFamily(name="acme-glm", hf_model_type="acme_moe", summary="third party", facts={},
+                        lora=LoraPolicy(targets=tuple(gqa_attention() + moe_mlp())), tiny_config=tiny_config,
+                        full_config=tiny_config, vllm_cpu_dtype="float32")]
+"""
+
+REACH_THE_CHECK = """
+import json, sys
+from skyrl_glm.check.runner import resolve_model
+from skyrl_glm.models.vllm_targets import sampler_backend, vllm_engine_kwargs
+family, model_dir = resolve_model("acme-glm", sys.argv[1])
+targets = family.lora.resolve(["linear_qkv"], sampler=sampler_backend("cpu"))
+kw = vllm_engine_kwargs(family, model_dir, lora_targets=targets, device="cpu")
+print(json.dumps({"family": family.name, "dtype": kw["dtype"], "modules": kw["lora_target_modules"]}))
+"""
+
+
+def test_an_entry_point_family_reaches_sizes_bench_and_the_check(tmp_path):
+    """Installed like any third-party package, the family is usable by name in every command (the check up to the
+    engine it would start: resolving the name to a fresh tiny checkpoint and the vLLM engine settings)."""
+    (tmp_path / "acme_glm.py").write_text(ACME)
+    dist = tmp_path / "acme_glm-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-glm\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[skyrl_glm]\nacme = acme_glm\n")
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+    def run(*args: str) -> str:
+        out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    assert "acme-glm" in run("-m", "skyrl_glm.cli", "models")
+    assert "acme-glm (full)" in run("-m", "skyrl_glm.cli", "sizes", "acme-glm", "--rank", "4")
+    report = tmp_path / "bench.json"
+    run(
+        "-m",
+        "skyrl_glm.cli",
+        "bench",
+        "sync",
+        "--model",
+        "acme-glm",
+        "--rank",
+        "4",
+        "--warmup",
+        "0",
+        "--no-disk",
+        "--json",
+        str(report),
+    )
+    import json
+
+    bench = json.loads(report.read_text())
+    assert bench["adapter"]["model"] == "acme-glm" and bench["paths"]["ours"]["bit_exact"]
+    check = json.loads(run("-c", REACH_THE_CHECK, str(tmp_path / "work")).strip().splitlines()[-1])
+    assert check == {"family": "acme-glm", "dtype": "float32", "modules": ["qkv_proj"]}
+
+
 def test_duplicate_names_are_refused():
 
     pm = plugin_manager()
