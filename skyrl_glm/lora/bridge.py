@@ -190,9 +190,3 @@ def synthetic_bridge_export(
             t = (torch.randn(s.shape, generator=gen) * 0.02).to(dtype)
             made[s.storage] = t
         yield s.name, t
-
-
-def export_adapter_weights(bridge: Any, model: Any, **kwargs: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream ``(name, tensor)`` from a Megatron-Bridge ``AutoBridge`` (imported by the caller; Bridge needs TE)."""
-    for item in bridge.export_adapter_weights(model, **kwargs):
-        yield item[0], item[1]

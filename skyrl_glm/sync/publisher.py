@@ -41,7 +41,6 @@ class InMemoryPublisher:
         self.transport = transport
         self.lora_name = lora_name
         self.bucket_bytes = bucket_bytes
-        self.last_plan: SyncPlan | None = None
 
     def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
         return build_plan(
@@ -83,7 +82,7 @@ class InMemoryPublisher:
 
     def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         t0 = time.perf_counter()
-        plan = self.last_plan = self.plan(adapter, adapter_config, version)
+        plan = self.plan(adapter, adapter_config, version)
         result = self.send(plan)
         result.timings["total_s"] = time.perf_counter() - t0
         return result
@@ -91,7 +90,7 @@ class InMemoryPublisher:
     async def publish_async(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         """:meth:`publish` for an async sampler; planning runs in a thread so the event loop keeps serving."""
         t0 = time.perf_counter()
-        plan = self.last_plan = await asyncio.to_thread(self.plan, adapter, adapter_config, version)
+        plan = await asyncio.to_thread(self.plan, adapter, adapter_config, version)
         result = await self.send_async(plan)
         result.timings["total_s"] = time.perf_counter() - t0
         return result
