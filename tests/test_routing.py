@@ -19,6 +19,7 @@ from skyrl_glm.bench.routing_run import (
     full_reference,
     run_routed_sync,
 )
+from skyrl_glm.bench.verify import bytes_equal
 from skyrl_glm.lora.bridge import adapter_config
 from skyrl_glm.sync.manifest import Manifest
 from skyrl_glm.sync.plan import SyncPlan, build_plan
@@ -239,14 +240,6 @@ def _pack(plan, sender_plans) -> tuple[dict, dict]:
     return packed, sums
 
 
-def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-    )
-
-
 @pytest.mark.parametrize("layout", [ReceiverLayout(4), ReceiverLayout(4, True, 16)], ids=["tp4", "tp4_ep"])
 def test_loopback_every_receiver_rebuilds_exactly_its_slices(sender_plans, layout):
     plan = plan_routes([p.manifest for p in sender_plans], layout)
@@ -260,7 +253,7 @@ def test_loopback_every_receiver_rebuilds_exactly_its_slices(sender_plans, layou
         got = AdapterReceiver().receive(manifest.to_json(), handle, transport)
         expected = expected_slices(full, layout, r)
         assert set(got.tensors) == set(expected)
-        assert all(_bytes_equal(got.tensors[n], t) for n, t in expected.items())
+        assert all(bytes_equal(got.tensors[n], t) for n, t in expected.items())
         assert set(transport.delivered.values()) == {1}  # each route once
 
 
@@ -304,7 +297,7 @@ def test_alias_across_sharding_rules_ships_whole_and_slice():
         got = AdapterReceiver().receive(manifest.to_json(), handle, Loopback(packed))
         expected = expected_slices(adapter, layout, r)
         assert set(got.tensors) == set(expected)
-        assert all(_bytes_equal(got.tensors[n], t) for n, t in expected.items())
+        assert all(bytes_equal(got.tensors[n], t) for n, t in expected.items())
         assert got.tensors[b].shape == (16, 8) and got.tensors[
             "model.layers.0.self_attn.o_proj.lora_B.weight"
         ].shape == (

@@ -22,6 +22,7 @@ synthetic adapter): the ``load`` stage is reported as skipped with the reason.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -57,25 +58,7 @@ def _cmd_bench_sync(args: argparse.Namespace) -> int:
     from skyrl_glm.bench.run import run_sync_bench
     from skyrl_glm.bench.synthetic import BenchOptions
 
-    opts = BenchOptions(
-        model=args.model,
-        config=args.config,
-        layers=args.layers,
-        rank=args.rank,
-        alpha=args.alpha,
-        dtype=args.dtype,
-        share_experts=args.share_experts,
-        copies=args.copies,
-        transport=args.transport,
-        device=args.device,
-        recv_device=args.recv_device,
-        bucket_mb=args.bucket_mb,
-        seed=args.seed,
-        repeat=args.repeat,
-        warmup=args.warmup,
-        disk=args.disk,
-        disk_dir=args.disk_dir,
-    )
+    opts = BenchOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions)})
     report = run_sync_bench(opts)
     print_report(report)
     if args.json:

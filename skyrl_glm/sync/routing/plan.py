@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skyrl_glm.models.base import COLUMN, EXPERT_COLUMN, QKV_KV, REPLICATED, ROW
-from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, align
+from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, pack_entries
 
 
 @functools.cache
@@ -362,17 +362,14 @@ class RoutingPlan:
 
 
 def _route_manifest(pieces: Sequence[Piece], plan_meta: Manifest, bucket_bytes: int) -> Manifest:
-    entries, offset = [], 0
-    for p in pieces:
-        entries.append(TensorEntry(p.key, p.dtype, p.shape, offset, p.nbytes, ""))
-        offset += align(p.nbytes)
+    entries, total_bytes = pack_entries((p.key, p.dtype, p.shape, p.nbytes, "") for p in pieces)
     return Manifest(
         version=plan_meta.version,
         lora_name=plan_meta.lora_name,
         adapter_config=dict(plan_meta.adapter_config),
-        tensors=tuple(entries),
+        tensors=entries,
         aliases={},
-        total_bytes=offset,
+        total_bytes=total_bytes,
         bucket_bytes=bucket_bytes,
     )
 
