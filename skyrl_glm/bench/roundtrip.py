@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.bench.procs import free_port
-from skyrl_glm.bench.run import join_pair
+from skyrl_glm.bench.run import joined_pair
 from skyrl_glm.bench.sides import Sender
 from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
 from skyrl_glm.bench.verify import compare_exact
@@ -25,15 +25,13 @@ from skyrl_glm.sync.plan import synchronize
 def _roundtrip_proc(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> None:
     """One ``ours`` sync between two processes; the receiver compares every rebuilt public name with the sender's
     public tensor after SkyRL's alpha fold (``torch.equal`` semantics on raw bytes, name by name)."""
-    import torch.distributed as dist
     from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_alpha_for_vllm
 
     from skyrl_glm.sync.receiver import AdapterReceiver
 
     opts = BenchOptions(**opts_d)
-    chan, group, transport = join_pair(rank, opts, port, minutes=10)
-    syn = synthetic_adapter(opts)
-    try:
+    with joined_pair(rank, opts, port, minutes=10) as (chan, transport):
+        syn = synthetic_adapter(opts)
         if rank == 0:
             sender = Sender(opts, syn, transport)
             manifest_json, handle_json, info = sender.plan_and_stage("ours", 1)
@@ -54,15 +52,8 @@ def _roundtrip_proc(rank: int, opts_d: dict[str, Any], port: int, out_path: str)
             expected = fold_lora_alpha_for_vllm(public, config_rank=opts.rank, alpha=opts.alpha)
             chan.put(
                 "answer",
-                json.dumps(
-                    {**compare_exact(got.tensors, expected), "receive_s": seconds, "timings": got.timings}
-                ),
+                json.dumps({**compare_exact(got.tensors, expected), "receive_s": seconds, "timings": got.timings}),
             )
-        if group is not None:
-            dist.barrier()
-    finally:
-        if group is not None:
-            dist.destroy_process_group()
 
 
 def transfer_roundtrip(opts: BenchOptions) -> dict[str, Any]:
