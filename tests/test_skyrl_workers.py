@@ -166,7 +166,7 @@ class RecordingPublisher:
         if self.fail:
             raise ConnectionError("server gone")
         self.versions.append(version)
-        from skyrl_glm.sync.vllm_engine import UpdateResult
+        from skyrl_glm.sync.update import UpdateResult
 
         return UpdateResult(True, version, timings={"total_s": 0.0})
 

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 import torch
 
-from skyrl_glm.sync.vllm_engine import UpdateResult
+from skyrl_glm.sync.update import UpdateResult
 
 
 class HandoffCheckFailed(RuntimeError):

@@ -17,7 +17,7 @@ import torch
 
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.publish import ServerPublisher
-from skyrl_glm.sync.vllm_engine import UpdateResult
+from skyrl_glm.sync.update import UpdateResult
 
 
 @dataclass(frozen=True)
