@@ -46,7 +46,7 @@ def train(
         text=True,
         cwd=ROOT,
         env=env,
-        timeout=540,
+        timeout=900,  # ~100 s on a quiet 2-core machine; generous for a loaded one
     )
     summary_file = tmp / "log_path" / "skyrl_glm_summary.json"
     return proc, json.loads(summary_file.read_text()) if summary_file.is_file() else None
