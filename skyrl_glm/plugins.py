@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from skyrl_glm.usage import UsageError
+
 if TYPE_CHECKING:
     from skyrl_glm.models.base import ModelFamily
     from skyrl_glm.sync.transports.base import Transport
@@ -39,7 +41,7 @@ class Hookspecs:
         """Handoff-check scorers as ``(name, factory)``; names are ``trainer:<x>`` or ``sampler:<x>``."""
 
 
-class RegistryError(LookupError):
+class RegistryError(UsageError, LookupError):
     """A name is unknown, or two plugins registered the same name."""
 
 

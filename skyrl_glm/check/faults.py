@@ -14,6 +14,7 @@ import torch
 
 from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.vllm_engine import UpdateResult
+from skyrl_glm.usage import UsageError
 
 FAULTS = ("none", "no-publish", "drop-aliases", "double-scale", "wrong-target", "prefill-only")
 # The step at which each fault must be caught (the receiver itself rejects an update with dropped aliases:
@@ -21,7 +22,7 @@ FAULTS = ("none", "no-publish", "drop-aliases", "double-scale", "wrong-target", 
 EXPECTED_FAILURE = {"no-publish": 5, "drop-aliases": 4, "double-scale": 5, "wrong-target": 5, "prefill-only": 5}
 
 
-class FaultNotApplicable(ValueError):
+class FaultNotApplicable(UsageError):
     """The fault cannot be injected into this adapter (e.g. no aliased tensors to drop)."""
 
 

@@ -6,11 +6,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from skyrl_glm.usage import UsageError
+
 # Sampler backends a target policy knows about.
 SAMPLER_BACKENDS = ("vllm", "vllm-cpu")
 
 
-class UnsupportedTargetError(ValueError):
+class UnsupportedTargetError(UsageError):
     """A LoRA target the chosen sampler would not apply (training it would diverge silently)."""
 
 
