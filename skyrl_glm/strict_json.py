@@ -25,13 +25,13 @@ def _clean(value: Any, path: str, found: dict[str, str]) -> Any:
     if isinstance(value, dict):
         return {k: _clean(v, f"{path}.{k}" if path else str(k), found) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        inner: dict[str, str] = {}
-        out = [_clean(v, f"{path}[{i}]", inner) for i, v in enumerate(value)]
-        if len(inner) > _LIST_DETAIL:
-            counts = Counter(inner.values())
+        numbers: dict[str, str] = {}  # this list's own non-finite numbers, summarised when there are many
+        out = [_clean(v, f"{path}[{i}]", numbers if isinstance(v, float) else found) for i, v in enumerate(value)]
+        if len(numbers) > _LIST_DETAIL:
+            counts = Counter(numbers.values())
             found[f"{path}[*]"] = ", ".join(f"{n} of {len(value)} {kind}" for kind, n in sorted(counts.items()))
         else:
-            found.update(inner)
+            found.update(numbers)
         return out
     return value
 
