@@ -20,7 +20,11 @@ QUIET = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TORCH_CPP_LOG_LEVEL": "ERROR",  # c10 warnings such as vLLM CPU's NUMA binding notice
     "TORCH_LOGS": "-torch",  # torch's Python loggers at ERROR (its CUDA_HOME notice in every vLLM process)
-    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+    # Library deprecations, and the resource tracker's note about vLLM's message-queue segments that vLLM's
+    # engine shutdown leaves to it (the check releases its own segments; -v shows the note).
+    "PYTHONWARNINGS": ",".join(
+        ("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning:multiprocessing.resource_tracker")
+    ),
 }
 VERBOSE = {"VLLM_LOGGING_LEVEL": "INFO"}
 

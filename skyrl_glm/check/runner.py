@@ -119,9 +119,11 @@ def _warm(side: Any, probes: Probes, generate: bool) -> Any:
     return side
 
 
-def build(options: CheckOptions, plan: CheckPlan, model_dir: Path, probes: Probes) -> tuple[Any, Any, Any, Any]:
-    """``(trainer, sampler, publisher, transport)`` for these options (fault applied), trainer and sampler set up
-    at once. ``transport`` (None for the disk baseline) holds the last update's buffers until released."""
+def build(
+    options: CheckOptions, plan: CheckPlan, model_dir: Path, probes: Probes
+) -> tuple[Any, Any, Any, list[Callable[[], None]]]:
+    """``(trainer, sampler, publisher, cleanup)`` for these options (fault applied), trainer and sampler set up
+    at once. ``cleanup`` releases the transport's last buffers and stops the engine, when the steps are done."""
     from skyrl_glm.sync.publisher import DiskPublisher, InMemoryPublisher
 
     def trainer() -> Any:
@@ -147,13 +149,15 @@ def build(options: CheckOptions, plan: CheckPlan, model_dir: Path, probes: Probe
         )
         _warm(sampler, probes, generate=options.config.decode)
         trainer_built = trainer_side.result()
-    transport = None if plan.transport_class is None else plan.transport_class()
-    if transport is None:
+    cleanup = [close] if (close := getattr(sampler, "close", None)) else []
+    if plan.transport_class is None:
         publisher: Any = DiskPublisher(sampler, root=Path(options.workdir or tempfile.mkdtemp()) / "adapters")
     else:
+        transport = plan.transport_class()
         publisher = InMemoryPublisher(sampler, transport)
+        cleanup.insert(0, transport.release)
     publisher, sampler = inject(options.fault, publisher, sampler)
-    return trainer_built, sampler, publisher, transport
+    return trainer_built, sampler, publisher, cleanup
 
 
 def run(
@@ -172,14 +176,14 @@ def run(
             model_dir, kept = _tiny(plan.family, Path(options.workdir))
         phase(f"starting trainer ({options.trainer}) and sampler ({options.sampler})")
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
-        trainer, sampler, publisher, transport = build(options, plan, model_dir, probes)
+        trainer, sampler, publisher, cleanup = build(options, plan, model_dir, probes)
         t1 = time.perf_counter()
         phase("running the five steps")
         try:
             report = run_check(trainer, sampler, publisher, probes, options.config, on_step=on_step)
         finally:
-            if transport is not None:
-                transport.release()
+            for step in cleanup:
+                step()
         t2 = time.perf_counter()
     report.info.update(
         {

@@ -38,10 +38,6 @@ def vllm_sampler(
     )
     kwargs.pop("model")
     kwargs.pop("enable_lora")
-    if device == "cpu":
-        # One engine process that runs the model itself: vLLM's default on CPU adds a worker process
-        # (another interpreter start, ~8 s on 2 cores, and a slower shutdown). One device needs no worker.
-        kwargs["distributed_executor_backend"] = "uni"
     return VllmEngineSampler(str(model_dir), max_lora_rank=_engine_lora_rank(rank), use_tqdm_on_load=False, **kwargs)
 
 
