@@ -67,5 +67,5 @@ def test_cli_refuses_kv_b_proj_naming_the_module_and_why():
         timeout=300,
     )
     assert proc.returncode == 2
-    text = " ".join(proc.stdout.split())
+    text = " ".join((proc.stdout + proc.stderr).split())
     assert "kv_b_proj" in text and "silently ignores" in text
