@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import argparse
+
+# Exit order: vLLM stops its engine processes from weakref.finalize callbacks, and multiprocessing's atexit hook
+# joins child processes. atexit runs the last-registered hook first, so multiprocessing's must be registered before
+# the first finalize (a tempfile.TemporaryDirectory, vLLM) or exit waits forever on the engine. Importing torch did
+# this as a side effect; the parser no longer imports torch, so do it here (10 ms).
+import multiprocessing.util  # noqa: F401
 import sys
 from collections.abc import Sequence
 
