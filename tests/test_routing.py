@@ -215,6 +215,9 @@ class Loopback(Transport):
     def prepare(self, plan):  # pragma: no cover - not used
         raise TypeError
 
+    def incoming_bytes(self, manifest, handle) -> int:
+        return max(r["base"] + r["nbytes"] for r in handle["routes"])
+
     def receive(self, manifest, handle, out) -> None:
         for r in handle["routes"]:
             key = (r["src"], tuple(r["receivers"]))

@@ -7,6 +7,7 @@ in the sampler) and lets the receiver verify the bytes that arrive on the data c
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +48,56 @@ class TensorEntry:
     offset: int
     nbytes: int
     checksum: str
+
+MAX_INT = 2**63 - 1  # versions, sizes and offsets must fit an int64 (vLLM serialises results with msgpack)
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ManifestError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _field(d: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    if key not in d:
+        raise ManifestError(f"{what}: missing field {key!r}")
+    value = d[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ManifestError(f"{what}: field {key!r} must be {_KIND[kind]}, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+def _count(d: dict[str, Any], key: str, what: str) -> int:
+    """A non-negative JSON integer that fits an int64."""
+    value = _field(d, key, int, what)
+    if not 0 <= value <= MAX_INT:
+        raise ManifestError(f"{what}: field {key!r} = {value} is outside 0..2**63-1")
+    return value
+
+
+_KIND = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+_CHECKSUM = re.compile(r"[0-9a-f]{32}")
+
+
+def _tensor_entry(raw: Any, i: int) -> TensorEntry:
+    what = f"tensor #{i}"
+    t = _object(raw, what)
+    name = _field(t, "name", str, what)
+    what = f"tensor {name!r}"
+    shape = _field(t, "shape", list, what)
+    if any(not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= MAX_INT for s in shape):
+        raise ManifestError(f"{what}: shape {shape!r:.80} must be a list of non-negative integers")
+    checksum = _field(t, "checksum", str, what)
+    if not _CHECKSUM.fullmatch(checksum):
+        raise ManifestError(f"{what}: checksum {checksum!r:.40} is not 32 lowercase hex digits")
+    return TensorEntry(
+        name=name,
+        dtype=_field(t, "dtype", str, what),
+        shape=tuple(shape),
+        offset=_count(t, "offset", what),
+        nbytes=_count(t, "nbytes", what),
+        checksum=checksum,
+    )
 
 
 @dataclass(frozen=True)
@@ -92,35 +143,33 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
+        """Parse with strict JSON types (no coercion: ``"7"``, ``7.9`` and ``true`` are not versions), then
+        :meth:`validate`. Every problem is one :class:`ManifestError` naming the field."""
+        if not isinstance(text, str):
+            raise ManifestError(f"manifest must be JSON text, got {type(text).__name__}")
         try:
             d = json.loads(text)
-            if d.get("format") != FORMAT:
-                raise ManifestError(f"unknown manifest format {d.get('format')!r}, expected {FORMAT!r}")
-            tensors = tuple(
-                TensorEntry(
-                    name=str(t["name"]),
-                    dtype=str(t["dtype"]),
-                    shape=tuple(int(s) for s in t["shape"]),
-                    offset=int(t["offset"]),
-                    nbytes=int(t["nbytes"]),
-                    checksum=str(t["checksum"]),
-                )
-                for t in d["tensors"]
-            )
-            m = cls(
-                version=int(d["version"]),
-                lora_name=str(d["lora_name"]),
-                adapter_config=dict(d["adapter_config"]),
-                tensors=tensors,
-                aliases={str(k): str(v) for k, v in dict(d["aliases"]).items()},
-                total_bytes=int(d["total_bytes"]),
-                bucket_bytes=int(d["bucket_bytes"]),
-                extra=dict(d.get("extra", {})),
-            )
-        except ManifestError:
-            raise
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
-            raise ManifestError(f"malformed manifest: {type(e).__name__}: {e}") from None
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ManifestError(f"manifest is not valid JSON: {e}") from None
+        d = _object(d, "manifest")
+        if d.get("format") != FORMAT:
+            raise ManifestError(f"unknown manifest format {d.get('format')!r}, expected {FORMAT!r}")
+        raw_tensors = _field(d, "tensors", list, "manifest")
+        tensors = tuple(_tensor_entry(t, i) for i, t in enumerate(raw_tensors))
+        aliases = _field(d, "aliases", dict, "manifest")
+        for k, v in aliases.items():
+            if not isinstance(v, str):
+                raise ManifestError(f"alias {k!r} must map to a string, got {type(v).__name__}")
+        m = cls(
+            version=_count(d, "version", "manifest"),
+            lora_name=_field(d, "lora_name", str, "manifest"),
+            adapter_config=_field(d, "adapter_config", dict, "manifest"),
+            tensors=tensors,
+            aliases=aliases,
+            total_bytes=_count(d, "total_bytes", "manifest"),
+            bucket_bytes=_count(d, "bucket_bytes", "manifest"),
+            extra=_field(d, "extra", dict, "manifest") if "extra" in d else {},
+        )
         m.validate()
         return m
 
@@ -128,14 +177,21 @@ class Manifest:
         """Structural checks that need no tensor data."""
         if not self.lora_name:
             raise ManifestError("empty lora_name")
-        if self.version < 0:
-            raise ManifestError(f"negative version {self.version}")
+        for key in ("version", "total_bytes", "bucket_bytes"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
+                raise ManifestError(f"{key} {value!r} is not an integer in 0..2**63-1")
         r, alpha = self.adapter_config.get("r"), self.adapter_config.get("lora_alpha")
-        if r is None or alpha != r:
+        if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
+            raise ManifestError(f"adapter_config r={r!r} is not a positive integer")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha != r:
             raise ManifestError(
-                f"adapter_config lora_alpha={alpha} != r={r}: the sender must fold alpha/r into lora_B "
+                f"adapter_config lora_alpha={alpha!r} != r={r}: the sender must fold alpha/r into lora_B "
                 "(vLLM scales lora_B in place on load)"
             )
+        for key in ("rank_pattern", "alpha_pattern"):
+            if self.adapter_config.get(key):
+                raise ManifestError(f"adapter_config {key} is not supported: one rank and one alpha per adapter")
         names: set[str] = set()
         end = 0
         for t in self.tensors:
@@ -144,8 +200,6 @@ class Manifest:
             names.add(t.name)
             if t.dtype not in DTYPES:
                 raise ManifestError(f"tensor {t.name!r}: unsupported dtype {t.dtype!r}")
-            if any(s < 0 for s in t.shape):
-                raise ManifestError(f"tensor {t.name!r}: negative shape {t.shape}")
             numel = 1
             for s in t.shape:
                 numel *= s

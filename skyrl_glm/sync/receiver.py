@@ -40,22 +40,25 @@ class ReceivedAdapter:
 
 def structure_errors(manifest: Manifest) -> str | None:
     """What is wrong with the adapter the manifest describes, from names and shapes alone (before any byte
-    moves): every ``lora_A`` needs its ``lora_B`` and their ranks must agree (``A [r, in]``, ``B [out, r]``)."""
+    moves): it has tensors, every ``lora_A`` has its ``lora_B``, and every LoRA matrix has the adapter's rank ``r``
+    on its rank dimension (``A [..., r, in]``, ``B [..., out, r]``), whatever the tensor's number of dims."""
+    if not manifest.tensors:
+        return "empty adapter: the update lists no tensors"
+    r = manifest.adapter_config["r"]
     shapes = {t.name: t.shape for t in manifest.tensors}
     shapes.update({public: shapes[sent] for public, sent in manifest.aliases.items()})
-    unpaired, mismatched = [], []
+    unpaired, wrong_rank = [], []
     for name, shape in shapes.items():
-        for mine, other in ((".lora_A.", ".lora_B."), (".lora_B.", ".lora_A.")):
+        for mine, other, dim in ((".lora_A.", ".lora_B.", -2), (".lora_B.", ".lora_A.", -1)):
             if mine in name:
-                pair = shapes.get(name.replace(mine, other))
-                if pair is None:
+                if name.replace(mine, other) not in shapes:
                     unpaired.append(name)
-                elif mine == ".lora_A." and len(shape) == len(pair) == 2 and shape[0] != pair[1]:
-                    mismatched.append(name)
+                elif len(shape) < 2 or shape[dim] != r:
+                    wrong_rank.append(f"{name} {list(shape)}")
     if unpaired:
         return f"missing tensors: {len(unpaired)} lora_A/lora_B without its pair, e.g. {sorted(unpaired)[:2]}"
-    if mismatched:
-        return f"shape mismatch: lora_A rows != lora_B columns for {sorted(mismatched)[:2]}"
+    if wrong_rank:
+        return f"shape mismatch: {len(wrong_rank)} LoRA tensors without rank r={r}, e.g. {sorted(wrong_rank)[:2]}"
     return None
 
 
@@ -66,8 +69,11 @@ class AdapterReceiver:
         self.device = torch.device(device)
         self.version: int | None = None
 
-    def receive(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> ReceivedAdapter:
-        t0 = time.perf_counter()
+    def _admit(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> tuple[Manifest, float]:
+        """Every check that needs no byte of the stream, the stream's size (from the transport) included;
+        returns the manifest and the seconds spent asking the transport (a collective waits for the sender)."""
+        if not isinstance(handle, dict):
+            raise UpdateRejected(f"transport handle must be a JSON object, got {type(handle).__name__}")
         try:
             manifest = Manifest.from_json(manifest_json)
         except ManifestError as e:
@@ -77,7 +83,27 @@ class AdapterReceiver:
         problem = structure_errors(manifest)
         if problem:
             raise UpdateRejected(problem)
+        t0 = time.perf_counter()
+        try:
+            held = transport.incoming_bytes(manifest, handle)
+        except TransportError as e:
+            raise UpdateRejected(f"transfer failed: {e}") from None
+        waited = time.perf_counter() - t0
+        if held < manifest.total_bytes:
+            raise UpdateRejected(
+                f"transfer failed: the manifest claims {manifest.total_bytes} bytes, the transport holds {held}"
+            )
+        return manifest, waited
+
+    def receive(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> ReceivedAdapter:
+        t0 = time.perf_counter()
+        try:
+            manifest, waited = self._admit(manifest_json, handle, transport)
+        except UpdateRejected:
+            transport.decline(handle if isinstance(handle, dict) else {})
+            raise
         t1 = time.perf_counter()
+        # Allocated only now: total_bytes is checked against what the sender staged.
         staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
         try:
             transport.receive(manifest, handle, staging)
@@ -92,13 +118,17 @@ class AdapterReceiver:
         for entry, cs in zip(manifest.tensors, got, strict=True):
             if cs != entry.checksum:
                 raise UpdateRejected(f"checksum mismatch on {entry.name!r} (corrupt or partial transfer)")
-        finite = torch.stack([torch.isfinite(t).all() for t in sent.values()]).tolist() if sent else []
+        finite = torch.stack([torch.isfinite(t).all() for t in sent.values()]).tolist()
         bad = [n for n, ok in zip(sent, finite, strict=True) if not ok]
         if bad:
             raise UpdateRejected(f"non-finite values (NaN/inf) in {bad[:3]}{'...' if len(bad) > 3 else ''}")
         t3 = time.perf_counter()
         tensors = expand_lora_aliases(sent, manifest.aliases)
-        timings = {"transfer_s": t2 - t1, "verify_s": (t1 - t0) + (t3 - t2), "rebuild_s": time.perf_counter() - t3}
+        timings = {
+            "transfer_s": t2 - t1 + waited,
+            "verify_s": (t1 - t0 - waited) + (t3 - t2),
+            "rebuild_s": time.perf_counter() - t3,
+        }
         return ReceivedAdapter(manifest.version, manifest.lora_name, manifest.adapter_config, tensors, timings)
 
     def commit(self, version: int) -> None:

@@ -3,7 +3,9 @@
 The manifest and the handle travel on the control channel as JSON; only raw bytes use the transport.
 Sender side: ``prepare`` (stage data, return the handle) -> control message to the receiver -> ``stream``
 (push data, for collective transports whose receiver must be waiting) -> ``release`` once the receiver
-answered. Receiver side: ``receive`` fills a private ``uint8[total_bytes]`` buffer.
+answered. Receiver side: ``incoming_bytes`` (what the sender staged, learned from the transport itself, before
+anything is allocated) -> ``receive`` fills a private ``uint8[total_bytes]`` buffer; or ``decline`` when the
+update is rejected first (a collective sender then stops instead of waiting for a peer that never joins).
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ class Transport(ABC):
 
     def release(self) -> None:
         """Free what :meth:`prepare` staged, after the receiver answered."""
+        return None
+
+    @abstractmethod
+    def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
+        """How many bytes the sender staged for this update, read from the transport (segment size, IPC buffer
+        size, a size the sender broadcasts), never from the manifest: the receiver allocates only after checking
+        the manifest's ``total_bytes`` against it."""
+
+    def decline(self, handle: dict[str, Any]) -> None:
+        """The receiver rejected the update before :meth:`receive`; tell the sender where the transport needs to."""
         return None
 
     @abstractmethod

@@ -22,7 +22,7 @@ def _enc(v: Any) -> Any:
 
 
 def _dec(v: Any) -> Any:
-    return base64.b64decode(v["b64"]) if isinstance(v, dict) else v
+    return base64.b64decode(v["b64"], validate=True) if isinstance(v, dict) else v
 
 
 class CudaIpcTransport(Transport):
@@ -32,6 +32,7 @@ class CudaIpcTransport(Transport):
         self._buffer: torch.Tensor | None = None
 
     def prepare(self, plan: SyncPlan) -> dict[str, Any]:
+        self.release()
         device = plan.tensors[0].device if plan.tensors else torch.device("cuda")
         if device.type != "cuda":
             raise TransportError("the CUDA IPC transport needs the adapter on a CUDA device")
@@ -47,14 +48,22 @@ class CudaIpcTransport(Transport):
     def release(self) -> None:
         self._buffer = None
 
+    @staticmethod
+    def _open(handle: dict[str, Any]) -> torch.UntypedStorage:
+        """Map the sender's buffer (no allocation: the IPC mapping of memory the sender already holds)."""
+        try:
+            args = [_dec(v) for v in handle["storage"]]
+            return torch.UntypedStorage._new_shared_cuda(*args)
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise TransportError(f"cannot open the sender's CUDA IPC buffer: {e}") from None
+
+    def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
+        return self._open(handle).nbytes()
+
     def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
         if manifest.total_bytes == 0:
             return
-        try:
-            args = [_dec(v) for v in handle["storage"]]
-            storage = torch.UntypedStorage._new_shared_cuda(*args)
-        except (KeyError, TypeError, RuntimeError) as e:
-            raise TransportError(f"cannot open the sender's CUDA IPC buffer: {e}") from None
+        storage = self._open(handle)
         if storage.nbytes() < manifest.total_bytes:
             raise TransportError(f"IPC buffer holds {storage.nbytes()} bytes, manifest needs {manifest.total_bytes}")
         src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (manifest.total_bytes,))

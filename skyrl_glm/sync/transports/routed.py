@@ -97,6 +97,20 @@ class RoutedTransport(Transport):
             first = start == starts[0]
             self._count(route.key, bucket.numel(), len(route.pieces) if first else 0)
 
+    def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
+        """The end of the last route the handle lists, for routes of this plan's groups only (the routing plan,
+        which every rank computes itself, fixed those routes and sizes)."""
+        try:
+            end = 0
+            for r in handle["routes"]:
+                key = (int(r["src"]), tuple(int(x) for x in r["receivers"]))
+                if key not in self.groups:
+                    raise TransportError(f"handle names route {route_label(key)}, which the plan does not have")
+                end = max(end, int(r["base"]) + int(r["nbytes"]))
+            return end
+        except (KeyError, TypeError, ValueError) as e:
+            raise TransportError(f"malformed routing handle: {type(e).__name__}: {e}") from None
+
     def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
         """Receiver side: each route of the handle, in order, broadcast straight into ``out[base + start: ...]``."""
         try:
