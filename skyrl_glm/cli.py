@@ -71,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommands that live beside the code they run (each module has ``add_parser(subparsers)``).
 def _command_modules() -> list:
+    from skyrl_glm.bench import cli as bench_cli
     from skyrl_glm.check import cli as check_cli
-    from skyrl_glm.sync import bench
 
-    return [check_cli, bench]
+    return [check_cli, bench_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

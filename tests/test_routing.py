@@ -13,10 +13,17 @@ from typing import Any
 import pytest
 import torch
 
+from skyrl_glm.bench.routing_run import (
+    RoutingRunOptions,
+    ep_sharded_exports,
+    full_reference,
+    run_routed_sync,
+)
+from skyrl_glm.lora.bridge import adapter_config
 from skyrl_glm.sync.manifest import Manifest
 from skyrl_glm.sync.plan import SyncPlan, build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
-from skyrl_glm.sync.routing import (
+from skyrl_glm.sync.routing.plan import (
     TARGET_STYLE,
     ReceiverLayout,
     RoutingError,
@@ -32,15 +39,8 @@ from skyrl_glm.sync.routing import (
     row_parallel,
     split,
 )
-from skyrl_glm.sync.routing_run import (
-    RoutingRunOptions,
-    adapter_config,
-    ep_sharded_exports,
-    full_reference,
-    run_routed_sync,
-)
+from skyrl_glm.sync.routing.transport import piece_checksums, route_label
 from skyrl_glm.sync.transports.base import Transport
-from skyrl_glm.sync.transports.routed import piece_checksums, route_label
 
 P = "base_model.model.model.layers"
 
@@ -139,7 +139,7 @@ def sender_plans() -> list[SyncPlan]:
     return [
         build_plan(
             [(n, t) for n, t in s if n in set(o)],
-            adapter_config=adapter_config(OPTS),
+            adapter_config=adapter_config(OPTS.rank, OPTS.alpha, OPTS.resolved().targets),
             lora_name="policy",
             version=1,
             bucket_bytes=OPTS.bucket_bytes,

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.sync.publisher import InMemoryPublisher
-from skyrl_glm.sync.vllm_engine import UpdateResult
+from skyrl_glm.sync.update import UpdateResult
 
 FAULTS = ("none", "no-publish", "drop-aliases", "double-scale", "wrong-target", "prefill-only")
 # The step at which each fault must be caught (the receiver itself rejects an update with dropped aliases:

@@ -30,7 +30,7 @@ def vllm_sampler(
     model_dir: Path, *, family: ModelFamily, targets: Sequence[str], rank: int, device: str, allow_unsupported: bool
 ) -> Any:
     from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
-    from skyrl_glm.sync.vllm_engine import VllmEngineSampler
+    from skyrl_glm.sync.vllm.engine import VllmEngineSampler
 
     kwargs = vllm_engine_kwargs(
         family, str(model_dir), lora_targets=list(targets), device=device, allow_unsupported=allow_unsupported

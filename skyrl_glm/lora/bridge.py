@@ -23,6 +23,20 @@ from typing import Any
 
 import torch
 
+# What PEFT (and SkyRL's Megatron adapter source) puts before the export's names.
+PEFT_PREFIX = "base_model.model."
+
+
+def adapter_config(rank: int, alpha: float, targets: Sequence[str]) -> dict[str, Any]:
+    """The PEFT ``adapter_config`` that travels with an export of these HF targets."""
+    return {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": sorted({t.split(".")[-1] for t in targets}),
+        "bias": "none",
+    }
+
 
 @dataclass(frozen=True)
 class TensorSpec:

@@ -1,8 +1,8 @@
 """Publishers: how the trainer hands one adapter version to the sampler.
 
 ``InMemoryPublisher`` is the product path (plan -> transport -> receiver -> in-memory load); ``publish`` drives
-an offline sampler (:class:`VllmEngineSampler`), ``publish_async`` an async one
-(:class:`~skyrl_glm.sync.vllm_async.AsyncVllmEngineSampler`) through the same plan and transport steps.
+an offline sampler (:class:`~skyrl_glm.sync.vllm.engine.VllmEngineSampler`), ``publish_async`` an async one
+(:class:`~skyrl_glm.sync.vllm.async_engine.AsyncVllmEngineSampler`) through the same plan and transport steps.
 ``DiskPublisher`` is the baseline it is measured against: a PEFT directory written and loaded by vLLM
 the standard way. Both take the trainer's adapter as ``{public name: tensor}`` plus its PEFT config.
 """
@@ -23,10 +23,10 @@ from safetensors.torch import save_file
 
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
-from skyrl_glm.sync.vllm_engine import UpdateResult, VllmEngineSampler
+from skyrl_glm.sync.update import Sampler, UpdateResult
 
 if TYPE_CHECKING:
-    from skyrl_glm.sync.vllm_async import AsyncVllmEngineSampler
+    from skyrl_glm.sync.vllm.async_engine import AsyncVllmEngineSampler
 
 Adapter = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
@@ -40,7 +40,7 @@ class InMemoryPublisher:
 
     def __init__(
         self,
-        sampler: VllmEngineSampler | AsyncVllmEngineSampler,
+        sampler: Sampler | AsyncVllmEngineSampler,
         transport: Transport,
         lora_name: str = "policy",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -114,7 +114,7 @@ class InMemoryPublisher:
 class DiskPublisher:
     """Baseline: ``adapter_model.safetensors`` + ``adapter_config.json`` in a fresh directory per version."""
 
-    def __init__(self, sampler: VllmEngineSampler, root: str | Path | None = None, lora_name: str = "policy"):
+    def __init__(self, sampler: Sampler, root: str | Path | None = None, lora_name: str = "policy"):
         self.sampler = sampler
         self.root = Path(root or tempfile.mkdtemp(prefix="skyrl-glm-disk-"))
         self.lora_name = lora_name
