@@ -20,7 +20,7 @@ from skyrl_glm.sync.manifest import Manifest, ManifestError
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports import SharedMemoryTransport
-from skyrl_glm.sync.vllm_engine import UpdateResult
+from skyrl_glm.sync.update import UpdateResult
 
 CONFIG = {"r": 4, "lora_alpha": 8}
 
@@ -35,7 +35,8 @@ def adapter(rank: int = 4) -> dict[str, torch.Tensor]:
 
 
 def plan(version: int = 1, **kw):
-    return build_plan(kw.pop("tensors", adapter()), adapter_config=kw.pop("config", CONFIG), lora_name="p", version=version)
+    tensors, config = kw.pop("tensors", adapter()), kw.pop("config", CONFIG)
+    return build_plan(tensors, adapter_config=config, lora_name="p", version=version)
 
 
 def raw(p) -> dict:
@@ -191,7 +192,7 @@ def test_an_adapter_with_no_tensors_is_rejected():
 
 def test_worker_staging_failure_is_a_rejection(monkeypatch):
     """The worker extension returns a rejection (never raises) when staging the verified adapter fails."""
-    from skyrl_glm.sync import vllm_worker
+    from skyrl_glm.sync.vllm import worker as vllm_worker
 
     def boom(*a, **k):
         raise ValueError("no room")
@@ -277,18 +278,15 @@ def test_shm_handle_naming_a_fifo_or_a_link_does_not_block():
 @pytest.fixture
 def created(monkeypatch) -> list[str]:
     """Paths of every shared-memory segment the transport creates during the test."""
-    from multiprocessing import shared_memory
-
-    from skyrl_glm.sync.transports import shm
-
     paths: list[str] = []
+    real = SharedMemoryTransport.staging
 
-    class Recording(shared_memory.SharedMemory):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            paths.append(f"/dev/shm/{self.name.lstrip('/')}")
+    def recording(self, nbytes, device):
+        buf = real(self, nbytes, device)
+        paths.append(f"/dev/shm/{self._segment[0]}")
+        return buf
 
-    monkeypatch.setattr(shm.shared_memory, "SharedMemory", Recording)
+    monkeypatch.setattr(SharedMemoryTransport, "staging", recording)
     return paths
 
 
@@ -307,9 +305,9 @@ def test_publisher_releases_the_segment_when_the_sampler_raises(created):
 
 
 def test_half_done_prepare_leaves_no_segment(created):
-    p = plan()
-    p.tensors[-1] = torch.zeros(3)  # the layout says otherwise: the copy into the segment fails half-way
-    with pytest.raises(RuntimeError):
+    p = plan()  # packed in its own buffer: prepare copies it into a fresh segment, and that copy fails
+    p.buffer = torch.empty(p.manifest.total_bytes, dtype=torch.uint8, device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError)):
         SharedMemoryTransport().prepare(p)
     assert len(created) == 1 and not os.path.exists(created[0])
 
@@ -350,10 +348,10 @@ def _collective_proc(rank: int, port: int, out: str) -> None:
 
 
 def test_collective_receiver_that_rejects_releases_the_sender(tmp_path):
-    from skyrl_glm.sync.bench import _free_port
+    from skyrl_glm.bench.procs import free_port
 
     out = str(tmp_path / "r")
-    mp.spawn(_collective_proc, args=(_free_port(), out), nprocs=2, join=True)
+    mp.spawn(_collective_proc, args=(free_port(), out), nprocs=2, join=True)
     assert open(f"{out}.0").read() == "sender done"
     assert open(f"{out}.1").read() == "version 5 is not newer than the serving version 5 | second ok=True"
 

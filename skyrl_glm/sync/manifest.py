@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
 
-FORMAT = "skyrl-glm/lora-sync/1"
+from skyrl_glm.sync.aliases import AliasError, AliasRun, NameIndex
+
+FORMAT = "skyrl-glm/lora-sync/2"
 ALIGN = 64  # byte alignment of every tensor in the packed stream
 
 DTYPES: dict[str, torch.dtype] = {
@@ -38,6 +42,11 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def views(stream: torch.Tensor, entries: Sequence[TensorEntry]) -> list[torch.Tensor]:
+    """Each entry's tensor as a view of the packed ``uint8`` stream (no copy)."""
+    return [stream[e.offset : e.offset + e.nbytes].view(DTYPES[e.dtype]).view(e.shape) for e in entries]
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     """One unique tensor on the wire: bytes ``[offset, offset + nbytes)`` of the packed stream."""
@@ -48,6 +57,7 @@ class TensorEntry:
     offset: int
     nbytes: int
     checksum: str
+
 
 MAX_INT = 2**63 - 1  # versions, sizes and offsets must fit an int64 (vLLM serialises results with msgpack)
 
@@ -111,10 +121,28 @@ class Manifest:
     bucket_bytes: int
     format: str = FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
+    alias_runs: tuple[AliasRun, ...] = ()  # compact rules for most aliases (see ``sync/aliases.py``)
+
+    @cached_property
+    def names(self) -> NameIndex:
+        """Every public name (sent, explicit aliases, runs) without expanding the runs; raises ``AliasError``
+        when two rules give one name."""
+        explicit = {t.name: t.name for t in self.tensors}
+        explicit.update(self.aliases)
+        return NameIndex(explicit, self.alias_runs)
+
+    def alias_map(self) -> dict[str, str]:
+        """Every alias as ``{public: sent}`` (runs expanded; SkyRL's wire form)."""
+        out = dict(self.aliases)
+        for run in self.alias_runs:
+            out.update(dict.fromkeys(run.names(), run.sent))
+        for t in self.tensors:
+            out.pop(t.name, None)
+        return out
 
     @property
     def public_names(self) -> list[str]:
-        return [t.name for t in self.tensors] + list(self.aliases)
+        return [t.name for t in self.tensors] + list(self.alias_map())
 
     def buckets(self) -> list[tuple[int, int]]:
         """``(start, end)`` byte ranges of the packed stream, each at most ``bucket_bytes`` (or one tensor)."""
@@ -134,11 +162,31 @@ class Manifest:
         """SkyRL 0.4's LoRA receive target (``weight_sync/lora_target.py``) for the same update."""
         from skyrl.backends.skyrl_train.weight_sync.lora_target import build_lora_receive_target
 
-        return build_lora_receive_target(self.lora_name, self.adapter_config, self.aliases)
+        return build_lora_receive_target(self.lora_name, self.adapter_config, self.alias_map())
 
     def to_json(self) -> str:
-        d = asdict(self)
-        d["tensors"] = [asdict(t) for t in self.tensors]
+        d = {
+            "format": self.format,
+            "version": self.version,
+            "lora_name": self.lora_name,
+            "adapter_config": self.adapter_config,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "dtype": t.dtype,
+                    "shape": t.shape,
+                    "offset": t.offset,
+                    "nbytes": t.nbytes,
+                    "checksum": t.checksum,
+                }
+                for t in self.tensors
+            ],
+            "aliases": self.aliases,
+            "alias_runs": [r.to_json() for r in self.alias_runs],
+            "total_bytes": self.total_bytes,
+            "bucket_bytes": self.bucket_bytes,
+            "extra": self.extra,
+        }
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
@@ -160,6 +208,10 @@ class Manifest:
         for k, v in aliases.items():
             if not isinstance(v, str):
                 raise ManifestError(f"alias {k!r} must map to a string, got {type(v).__name__}")
+        try:
+            runs = tuple(AliasRun.from_json(r, i) for i, r in enumerate(_field(d, "alias_runs", list, "manifest")))
+        except AliasError as e:
+            raise ManifestError(str(e)) from None
         m = cls(
             version=_count(d, "version", "manifest"),
             lora_name=_field(d, "lora_name", str, "manifest"),
@@ -169,6 +221,7 @@ class Manifest:
             total_bytes=_count(d, "total_bytes", "manifest"),
             bucket_bytes=_count(d, "bucket_bytes", "manifest"),
             extra=_field(d, "extra", dict, "manifest") if "extra" in d else {},
+            alias_runs=runs,
         )
         m.validate()
         return m
@@ -215,3 +268,12 @@ class Manifest:
                 raise ManifestError(f"alias {public!r} shadows a sent tensor")
             if sent not in names:
                 raise ManifestError(f"alias {public!r} -> {sent!r}, which is not sent")
+        for run in self.alias_runs:
+            if run.sent not in names:
+                raise ManifestError(
+                    f"alias run {run.head}[{run.start}:{run.stop}]{run.tail} -> {run.sent!r}, which is not sent"
+                )
+        try:
+            self.names  # noqa: B018 - builds the index: two rules naming one public name are refused here
+        except AliasError as e:
+            raise ManifestError(str(e)) from None

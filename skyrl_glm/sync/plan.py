@@ -1,50 +1,68 @@
-"""The sender's plan: fold alpha, deduplicate, lay out the packed stream, write the manifest.
+"""The sender's plan: deduplicate, lay out and pack the stream, fold alpha, checksum, write the manifest.
 
 Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT state dict or Megatron-Bridge's
-``export_adapter_weights``. Deduplication is exact: two names share one sent tensor only when they are the
-same storage view, or when ``torch.equal``-equal within a candidate group (one (layer, A/B): the experts'
-shared adapter and the fused modules' shared ``lora_A``). Equality within a group is decided in batches (one
-stacked comparison per chunk of candidates, one host sync per chunk), not one synchronising ``torch.equal`` per
-tensor; duplicates are dropped as soon as their chunk is decided, so sender memory stays near the unique adapter.
+``export_adapter_weights``. Work is per unique tensor, not per public name:
+
+* **Dedup, exact.** What the exporter declares shared it hands out as one storage (Bridge's
+  ``share_expert_adapters``: one tensor under every expert name): names showing one storage view are one sent
+  tensor and no value is compared. Only where storages differ is equality *proven*, within a candidate group
+  (one (layer, A/B): the experts' adapters and the fused modules' shared ``lora_A``): every candidate is compared
+  with its (group, shape)'s first value in stacked comparisons; the rest meet earlier values of equal fingerprint
+  (exact int64 word sums) and are compared with them. A fingerprint never decides alone; each phase costs one host
+  sync for all groups. Duplicates are dropped per chunk, so sender memory stays near the unique adapter.
+* **Alias runs.** Each sent tensor's public names become :class:`~skyrl_glm.sync.aliases.AliasRun` rules
+  (expert-index ranges) plus a few explicit aliases: a ~0.3 MB manifest instead of a 17 MB map.
+* **Pack, fold, checksum on the packed stream.** The unique tensors are copied once into the stream buffer (the
+  transport's staging memory where it has one), ``lora_B`` last so the B tensors of one dtype form one region;
+  SkyRL 0.4's ``fold_lora_alpha_for_vllm`` scales that region in one call (its elementwise float32 arithmetic,
+  once per sent tensor however many names alias it); :func:`~skyrl_glm.sync.checksum.span_checks` checksums
+  every tensor in one pass. Transports send the buffer as it is.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
+    LORA_B_SUFFIX,
     fold_lora_alpha_for_vllm,
     mark_alpha_folded,
 )
 
-from skyrl_glm.sync.checksum import checksums, int32_words
-from skyrl_glm.sync.manifest import Manifest, TensorEntry, align, dtype_name
+from skyrl_glm.sync.aliases import AliasRun, runs_of
+from skyrl_glm.sync.checksum import int32_words, span_checks
+from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, align, dtype_name, views
 
-_EXPERT = re.compile(r"\.experts\.\d+\.")
 DEFAULT_BUCKET_BYTES = 512 << 20
-_CHUNK = 64  # candidates compared per host sync
+_CHUNK = 256  # pending candidates of one group decided together (bounds what duplicates hold)
+_STACK_BYTES = 1 << 30  # at most this much stacked per comparison
 
-
-_LAYER = re.compile(r"^(?P<layer>.*?\.layers\.\d+\.).*?(?P<ab>lora_[AB])\b")
+Staging = Callable[[int, torch.device], torch.Tensor]
 
 
 def expert_group(name: str) -> str | None:
     """Candidate group of a per-expert name (the expert index wildcarded); ``None`` for other names."""
-    grouped = _EXPERT.sub(".experts.*.", name, count=1)
-    return grouped if grouped != name else None
+    i = name.find(".experts.")
+    j = name.find(".", i + 9) if i >= 0 else -1
+    if j < 0 or not name[i + 9 : j].isdigit():
+        return None
+    return f"{name[: i + 9]}*{name[j:]}"
 
 
 def candidate_group(name: str) -> str | None:
     """Names whose values may be equal: one (layer, A/B). Covers the experts of a layer sharing one adapter and the
     fused ``linear_fc1`` / ``linear_qkv`` ``lora_A`` that Bridge exports under every member (gate and up, q/k/v) even
     when the exporter hands out copies. Per-expert names outside a layer fall back to :func:`expert_group`."""
-    m = _LAYER.match(name)
-    if m is not None:
-        return f"{m['layer']}*.{m['ab']}"
+    i = name.find(".layers.")
+    j = name.find(".", i + 8) if i >= 0 else -1
+    if j > 0 and name[i + 8 : j].isdigit():
+        for ab in (".lora_A.", ".lora_B."):
+            if ab in name:
+                return name[:j] + ".*" + ab
     return expert_group(name)
 
 
@@ -53,129 +71,209 @@ def _view_key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype)
 
 
-def _fingerprints(stacked: torch.Tensor) -> list[int]:
-    """Per row, the int64 sum of its bytes read as int32 words (exact, order independent: equal rows, equal
-    prints). Only a filter that finds candidates: equality itself is always decided by comparing values."""
-    words = int32_words(stacked.reshape(stacked.shape[0], -1).view(torch.uint8))
-    return words.sum(1, dtype=torch.int64).cpu().tolist()
+@dataclass
+class _Storage:
+    """One distinct storage view of the stream and every public name that shows it (stream order)."""
+
+    tensor: torch.Tensor
+    names: list[str]
 
 
 @dataclass
 class _Group:
-    values: dict[tuple, list[str]] = field(default_factory=dict)  # (shape, dtype) -> sent names of that meta
-    by_print: dict[tuple, str] = field(default_factory=dict)  # (shape, dtype, fingerprint) -> sent name
-    printed: set[str] = field(default_factory=set)  # sent names whose fingerprint is in by_print
-    pending: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    values: dict[tuple, list[_Storage]] = field(default_factory=dict)  # (shape, dtype) -> its unique values
+    prints: dict[tuple, _Storage] = field(default_factory=dict)  # (shape, dtype, fingerprint) -> unique value
+    printed: set[int] = field(default_factory=set)  # ids of the unique values whose fingerprint is in ``prints``
+    pending: list[_Storage] = field(default_factory=list)
 
 
 @dataclass
 class Dedup:
-    """Result of deduplication: the tensors to send and the aliases onto them."""
+    """Result of deduplication: the tensors to send, each with every public name that shows it."""
 
-    unique: dict[str, torch.Tensor]
-    aliases: dict[str, str]
+    unique: dict[str, torch.Tensor]  # sent name (its first public name) -> tensor
+    names: dict[str, list[str]]  # sent name -> its public names (the sent name first)
     public_count: int
     public_bytes: int
 
+    @property
+    def aliases(self) -> dict[str, str]:
+        """``{public: sent}`` for every alias, expanded (tests, small adapters)."""
+        return {p: sent for sent, names in self.names.items() for p in names[1:]}
+
+
+def _fingerprints(stacked: torch.Tensor) -> torch.Tensor:
+    """Per row, the int64 sum of its bytes read as int32 words (exact, order independent: equal rows, equal
+    prints). Only a filter that finds candidates: equality itself is always decided by comparing values."""
+    return int32_words(stacked.reshape(stacked.shape[0], -1).view(torch.uint8)).sum(1, dtype=torch.int64)
+
+
+def _stacked(tensors: Sequence[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(first index, stacked chunk)``, each chunk at most ``_STACK_BYTES``."""
+    per = max(1, _STACK_BYTES // max(1, tensors[0].numel() * tensors[0].element_size()))
+    for i in range(0, len(tensors), per):
+        yield i, torch.stack(list(tensors[i : i + per]))
+
+
+def _equal_rows(left: Sequence[torch.Tensor], right: Sequence[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
+    """Device flags: ``left[i]`` byte-equal to ``right[i]`` (or to ``right`` itself, one tensor)."""
+    flags = []
+    for i, a in _stacked(left):
+        a = a.reshape(a.shape[0], -1).view(torch.uint8)
+        if isinstance(right, torch.Tensor):
+            b = right.reshape(1, -1).view(torch.uint8)
+        else:
+            b = torch.stack(list(right[i : i + a.shape[0]])).reshape(a.shape[0], -1).view(torch.uint8)
+        flags.append((a == b).all(1))
+    return flags
+
+
+def _host(flags: list[torch.Tensor]) -> list[bool]:
+    return torch.cat([f.to("cpu") for f in flags]).tolist() if flags else []
+
+
+class _Deduper:
+    def __init__(self) -> None:
+        self.groups: dict[str, _Group] = {}
+        self.sent: list[_Storage] = []
+        self.by_view: dict[tuple, _Storage] = {}
+        self.by_object: dict[int, _Storage] = {}
+
+    def keep(self, group: _Group, meta: tuple, s: _Storage) -> None:
+        group.values.setdefault(meta, []).append(s)
+        self.sent.append(s)
+
+    def drop(self, dup: _Storage, ref: _Storage) -> None:
+        """``dup`` equals ``ref``: its names show ``ref``. Once the exporter frees ``dup`` its address may come back
+        with another value, so its view key and object id are forgotten."""
+        ref.names.extend(dup.names)
+        t = dup.tensor
+        if self.by_view.get(_view_key(t)) is dup:
+            del self.by_view[_view_key(t)]
+        if self.by_object.get(id(t)) is dup:
+            del self.by_object[id(t)]
+
+    def resolve(self, groups: Iterable[_Group]) -> None:
+        """Decide the pending candidates of ``groups`` (see the module docstring)."""
+        todo: list[tuple[_Group, tuple, list[_Storage]]] = []
+        for group in groups:
+            by_meta: dict[tuple, list[_Storage]] = {}
+            for s in group.pending:
+                by_meta.setdefault((tuple(s.tensor.shape), s.tensor.dtype), []).append(s)
+            group.pending = []
+            for meta, members in by_meta.items():
+                if not group.values.get(meta):  # the first value of its shape: nothing to compare with
+                    self.keep(group, meta, members[0])
+                    members = members[1:]
+                if members:
+                    todo.append((group, meta, members))
+        if not todo:
+            return
+        # (1) every candidate against its (group, meta)'s first value
+        flags = [f for g, meta, ms in todo for f in _equal_rows([m.tensor for m in ms], g.values[meta][0].tensor)]
+        equal = iter(_host(flags))
+        rest: list[tuple[_Group, tuple, list[_Storage]]] = []
+        for group, meta, members in todo:
+            ref = group.values[meta][0]
+            left = []
+            for m in members:
+                if next(equal):
+                    self.drop(m, ref)
+                else:
+                    left.append(m)
+            if left:
+                rest.append((group, meta, left))
+        if not rest:
+            return
+        # (2) fingerprints of the rest and of earlier values that have none yet
+        prints, unprinted = [], []
+        for group, meta, left in rest:
+            new = [v for v in group.values[meta] if id(v) not in group.printed]
+            unprinted.append(new)
+            for _, st in _stacked([v.tensor for v in new + left]):
+                prints.append(_fingerprints(st))
+        fps = iter(torch.cat([p.to("cpu") for p in prints]).tolist())
+        pairs: list[tuple[_Group, tuple, _Storage, _Storage]] = []
+        for (group, meta, left), new in zip(rest, unprinted, strict=True):
+            for v in new:
+                group.prints.setdefault((meta, next(fps)), v)
+                group.printed.add(id(v))
+            for m in left:
+                ref = group.prints.get((meta, fp := next(fps)))
+                if ref is None:
+                    group.prints[(meta, fp)] = m
+                    group.printed.add(id(m))
+                    self.keep(group, meta, m)
+                else:
+                    pairs.append((group, meta, m, ref))
+        # (3) equal fingerprints: compare the values
+        by_meta: dict[tuple, list[tuple[_Group, tuple, _Storage, _Storage]]] = {}
+        for p in pairs:
+            by_meta.setdefault(p[1], []).append(p)
+        pairs = [p for ps in by_meta.values() for p in ps]
+        flags = [
+            f for ps in by_meta.values() for f in _equal_rows([p[2].tensor for p in ps], [p[3].tensor for p in ps])
+        ]
+        if pairs:
+            equal = iter(_host(flags))
+            for group, meta, m, ref in pairs:
+                if next(equal):
+                    self.drop(m, ref)
+                else:  # a fingerprint collision: a distinct value after all
+                    self.keep(group, meta, m)
+
+    def run(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Dedup:
+        seen: set[str] = set()
+        count = 0
+        by_object, by_view = self.by_object, self.by_view
+        for name, t in pairs:
+            seen.add(name)
+            count += 1
+            if len(seen) != count:
+                raise ValueError(f"adapter stream repeats the name {name!r}")
+            s = by_object.get(id(t))
+            if s is not None and s.tensor is t:
+                s.names.append(name)
+                continue
+            key = _view_key(t)
+            s = by_view.get(key)
+            if s is not None:
+                s.names.append(name)
+                continue
+            s = by_view[key] = by_object[id(t)] = _Storage(t, [name])
+            gname = candidate_group(name)
+            if gname is None:
+                self.sent.append(s)
+                continue
+            group = self.groups.setdefault(gname, _Group())
+            group.pending.append(s)
+            if len(group.pending) >= _CHUNK:
+                self.resolve([group])
+        self.resolve(self.groups.values())
+        public_bytes = sum(s.tensor.numel() * s.tensor.element_size() * len(s.names) for s in self.sent)
+        return Dedup(
+            unique={s.names[0]: s.tensor for s in self.sent},
+            names={s.names[0]: s.names for s in self.sent},
+            public_count=count,
+            public_bytes=public_bytes,
+        )
+
 
 def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> Dedup:
-    pairs = adapter.items() if isinstance(adapter, Mapping) else adapter
-    unique: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    by_view: dict[tuple, str] = {}
-    # Fastest path: the exporter hands out the very same tensor object under many names (kept alive here, so
-    # its id cannot be reused while the entry exists).
-    by_object: dict[int, tuple[torch.Tensor, str]] = {}
-    groups: dict[str, _Group] = {}
-    public_count = public_bytes = 0
+    return _Deduper().run(adapter.items() if isinstance(adapter, Mapping) else adapter)
 
-    def resolve(group: _Group) -> None:
-        """Decide a group's pending candidates: fingerprints find candidates, torch.equal semantics decide."""
-        by_meta: dict[tuple, list[tuple[str, torch.Tensor]]] = {}
-        for n, t in group.pending:
-            by_meta.setdefault((tuple(t.shape), t.dtype), []).append((n, t))
-        group.pending = []
-        for meta, members in by_meta.items():
-            known = group.values.setdefault(meta, [])
-            if not known and len(members) == 1:  # the first value of its shape: nothing to compare with
-                name, t = members[0]
-                unique[name] = t
-                known.append(name)
-                continue
-            # Fingerprints only where a comparison is possible; earlier values get theirs lazily, now.
-            todo = [n for n in known if n not in group.printed]
-            if todo:
-                for n, fp in zip(todo, _fingerprints(torch.stack([unique[n] for n in todo])), strict=True):
-                    group.by_print.setdefault((meta, fp), n)
-                group.printed.update(todo)
-            stacked = torch.stack([t for _, t in members])
-            prints = _fingerprints(stacked)
-            refs: list[tuple[int, str]] = []  # (member index, earlier value with the same fingerprint)
-            for i, ((n, t), fp) in enumerate(zip(members, prints, strict=True)):
-                ref = group.by_print.get((meta, fp))
-                if ref is None:
-                    group.by_print[(meta, fp)] = n
-                    unique[n] = t
-                    known.append(n)
-                else:
-                    refs.append((i, ref))
-                group.printed.add(n)
-            if refs:
-                equal = (
-                    (stacked[[i for i, _ in refs]] == torch.stack([unique[r] for _, r in refs]))
-                    .flatten(1)
-                    .all(1)
-                    .tolist()
-                )
-                for (i, ref), eq in zip(refs, equal, strict=True):
-                    name, t = members[i]
-                    if eq:
-                        aliases[name] = ref
-                        # This tensor is dropped now; once the exporter frees it, its address may come back for
-                        # another value. Forget its view key so that value is not taken for this one.
-                        key = _view_key(t)
-                        if by_view.get(key) == name:
-                            del by_view[key]
-                        if by_object.get(id(t), (None, None))[1] == name:
-                            del by_object[id(t)]
-                    else:  # fingerprint collision: a distinct value after all
-                        unique[name] = t
-                        known.append(name)
 
-    names: set[str] = set()
-    for name, t in pairs:
-        if name in names:
-            raise ValueError(f"adapter stream repeats the name {name!r}")
-        names.add(name)
-        public_count += 1
-        public_bytes += t.nbytes
-        same = by_object.get(id(t))
-        if same is not None and same[0] is t:
-            aliases[name] = same[1]
+def alias_rules(names: Mapping[str, list[str]]) -> tuple[dict[str, str], list[AliasRun]]:
+    """Each sent tensor's public names as runs plus explicit ``{public: sent}`` aliases."""
+    explicit: dict[str, str] = {}
+    runs: list[AliasRun] = []
+    for sent, public in names.items():
+        if len(public) == 1:
             continue
-        key = _view_key(t)
-        seen = by_view.get(key)
-        if seen is not None:
-            aliases[name] = seen
-            continue
-        by_view[key] = name
-        by_object[id(t)] = (t, name)
-        gname = candidate_group(name)
-        if gname is None:
-            unique[name] = t
-            continue
-        group = groups.setdefault(gname, _Group())
-        group.pending.append((name, t))
-        if len(group.pending) >= _CHUNK:
-            resolve(group)
-    for group in groups.values():
-        resolve(group)
-    # A view-identical alias may point at a name that was itself aliased: point it at the sent name.
-    for public, target in aliases.items():
-        while target in aliases:
-            target = aliases[target]
-        aliases[public] = target
-    return Dedup(unique=unique, aliases=aliases, public_count=public_count, public_bytes=public_bytes)
+        r, rest = runs_of(sent, public)
+        runs += r
+        explicit.update(dict.fromkeys(rest, sent))
+    return explicit, runs
 
 
 def _sync(device: torch.device) -> None:
@@ -200,32 +298,61 @@ def jsonable_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): conv(v) for k, v in config.items()}
 
 
+def zeroed(nbytes: int, device: torch.device) -> torch.Tensor:
+    """Default stream buffer: zeros (the padding after each tensor must be zero for its checksum)."""
+    return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+
+
+def layout(tensors: Mapping[str, torch.Tensor], checksums: Sequence[str] | None = None) -> list[TensorEntry]:
+    """Entries at 64-byte aligned offsets, in the order given."""
+    entries, offset = [], 0
+    for i, (name, t) in enumerate(tensors.items()):
+        nbytes = t.numel() * t.element_size()
+        cs = checksums[i] if checksums is not None else ""
+        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes, cs))
+        offset += align(nbytes)
+    return entries
+
+
+def pack_into(buffer: torch.Tensor, entries: Sequence[TensorEntry], tensors: Sequence[torch.Tensor]) -> None:
+    """Copy each tensor's bytes to its entry's offset (one fused multi-tensor copy where the device has one)."""
+    dst = [buffer[e.offset : e.offset + e.nbytes] for e in entries]
+    src = [t.reshape(-1).view(torch.uint8) for t in tensors]
+    if dst:
+        torch._foreach_copy_(dst, src)
+
+
 @dataclass
 class SyncPlan:
-    """What the sender transmits: the manifest and the unique, alpha-folded tensors in wire order."""
+    """What the sender transmits: the manifest and the packed, alpha-folded stream (``tensors`` are views of it)."""
 
     manifest: Manifest
     tensors: list[torch.Tensor]
     public_count: int
     public_bytes: int
     timings: dict[str, float]
+    buffer: torch.Tensor
 
     def buckets(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """``(stream offset, packed uint8 bucket)``. One buffer is reused: consume each before the next."""
-        if not self.tensors:
-            return
-        ranges = self.manifest.buckets()
-        device = self.tensors[0].device
-        buf = torch.zeros(max(e - s for s, e in ranges), dtype=torch.uint8, device=device)
-        it = iter(zip(self.manifest.tensors, self.tensors, strict=True))
-        pending = next(it, None)
-        for start, end in ranges:
-            view = buf[: end - start]
-            while pending is not None and pending[0].offset < end:
-                entry, t = pending
-                view[entry.offset - start : entry.offset - start + entry.nbytes].copy_(t.reshape(-1).view(torch.uint8))
-                pending = next(it, None)
-            yield start, view
+        """``(stream offset, uint8 slice of the stream)`` per bucket of the manifest."""
+        for start, end in self.manifest.buckets():
+            yield start, self.buffer[start:end]
+
+
+def _fold_regions(buffer: torch.Tensor, entries: Sequence[TensorEntry], r: int, alpha: float) -> None:
+    """SkyRL's fold over each contiguous run of ``lora_B`` tensors of one dtype (the layout puts them last)."""
+    regions: list[list[Any]] = []  # [dtype, start, end]
+    for e in entries:
+        if not e.name.endswith(LORA_B_SUFFIX):
+            continue
+        if regions and regions[-1][0] == e.dtype:
+            regions[-1][2] = e.offset + e.nbytes
+        else:
+            regions.append([e.dtype, e.offset, e.offset + e.nbytes])
+    key = "region" + LORA_B_SUFFIX
+    for dtype, start, end in regions:
+        region = buffer[start:end].view(DTYPES[dtype])
+        region.copy_(fold_lora_alpha_for_vllm({key: region}, config_rank=r, alpha=alpha)[key])
 
 
 def build_plan(
@@ -235,38 +362,58 @@ def build_plan(
     lora_name: str,
     version: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    staging: Staging = zeroed,
 ) -> SyncPlan:
-    """Deduplicate, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, lay out."""
-    import time
-
+    """Deduplicate, pack, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, write the manifest.
+    ``staging(nbytes, device)`` gives the zeroed stream buffer (a transport's shared memory, say)."""
     t0 = time.perf_counter()
     dedup = deduplicate(adapter)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
     _sync(device)
     t1 = time.perf_counter()
+    explicit, runs = alias_rules(dedup.names)
+    t2 = time.perf_counter()
     config = jsonable_config(adapter_config)
     r, alpha = config["r"], config.get("lora_alpha", config["r"])
-    # SkyRL 0.4's fold, applied once per unique tensor (so aliased B tensors are scaled exactly once).
-    folded = fold_lora_alpha_for_vllm(dedup.unique, config_rank=r, alpha=alpha)
-    tensors = [t.contiguous() for t in folded.values()]
-    _sync(device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
-    t2 = time.perf_counter()
-    sums = checksums(tensors)
+
+    # lora_B last, grouped by dtype: one contiguous region per dtype to fold.
+    def place(name: str) -> tuple[bool, str]:
+        is_b = name.endswith(LORA_B_SUFFIX)
+        return is_b, dtype_name(dedup.unique[name].dtype) if is_b else ""
+
+    ordered = {n: dedup.unique[n] for n in sorted(dedup.unique, key=place)}
+    entries = layout(ordered)
+    total = entries[-1].offset + align(entries[-1].nbytes) if entries else 0
+    buffer = staging(total, device)
+    pack_into(buffer, entries, list(ordered.values()))
+    _sync(buffer.device)
     t3 = time.perf_counter()
-    entries, offset = [], 0
-    for name, t, cs in zip(folded, tensors, sums, strict=True):
-        nbytes = t.numel() * t.element_size()
-        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes, cs))
-        offset += align(nbytes)
+    if alpha != r:
+        _fold_regions(buffer, entries, r, alpha)
+    _sync(buffer.device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
+    t4 = time.perf_counter()
+    sums, _ = span_checks(buffer, [(e.offset, e.nbytes, e.dtype) for e in entries])
+    entries = [
+        TensorEntry(e.name, e.dtype, e.shape, e.offset, e.nbytes, cs) for e, cs in zip(entries, sums, strict=True)
+    ]
+    t5 = time.perf_counter()
     manifest = Manifest(
         version=version,
         lora_name=lora_name,
         adapter_config=mark_alpha_folded(config),
         tensors=tuple(entries),
-        aliases=dedup.aliases,
-        total_bytes=offset,
+        aliases=explicit,
+        total_bytes=total,
         bucket_bytes=bucket_bytes,
+        alias_runs=tuple(runs),
     )
     manifest.validate()
-    timings = {"dedup_s": t1 - t0, "fold_s": t2 - t1, "checksum_s": t3 - t2}
-    return SyncPlan(manifest, tensors, dedup.public_count, dedup.public_bytes, timings)
+    timings = {
+        "dedup_s": t1 - t0,
+        "alias_s": t2 - t1,
+        "pack_s": t3 - t2,
+        "fold_s": t4 - t3,
+        "checksum_s": t5 - t4,
+        "manifest_s": time.perf_counter() - t5,
+    }
+    return SyncPlan(manifest, views(buffer, entries), dedup.public_count, dedup.public_bytes, timings, buffer)

@@ -27,9 +27,16 @@ class TransportError(RuntimeError):
 class Transport(ABC):
     name: ClassVar[str]
 
+    def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A zeroed ``uint8[nbytes]`` buffer the plan packs its stream into (``build_plan(staging=...)``): a transport
+        that can send from its own memory (a shared segment, an IPC-shared buffer) returns that, so
+        :meth:`prepare` copies nothing."""
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+
     @abstractmethod
     def prepare(self, plan: SyncPlan) -> dict[str, Any]:
-        """Stage the plan's bytes; return the JSON-able handle the receiver needs."""
+        """Stage the plan's bytes (nothing to do when they are already in :meth:`staging` memory); return the
+        JSON-able handle the receiver needs."""
 
     def stream(self, plan: SyncPlan) -> None:
         """Push the bytes while the receiver is inside :meth:`receive` (collective transports only)."""

@@ -6,11 +6,12 @@ files, without following links and without blocking: a handle naming another fil
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import re
 import secrets
 import stat
-from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,28 +48,42 @@ class SharedMemoryTransport(Transport):
     name = "cpu"
 
     def __init__(self) -> None:
-        self._segment: shared_memory.SharedMemory | None = None
+        self._segment: tuple[str, torch.Tensor] | None = None  # (name, the mapped segment as uint8)
 
-    def prepare(self, plan: SyncPlan) -> dict[str, Any]:
+    def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A fresh segment, mapped: the plan packs straight into it. Owner-only, created exclusively."""
         self.release()
         name = f"skyrl_glm_{secrets.token_hex(16)}"
-        self._segment = seg = shared_memory.SharedMemory(name=name, create=True, size=max(plan.manifest.total_bytes, 1))
+        flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(os.path.join(SHM_DIR, name), flags, 0o600)
         try:
-            if plan.tensors:
-                dst = torch.frombuffer(seg.buf, dtype=torch.uint8, count=plan.manifest.total_bytes)
-                for start, bucket in plan.buckets():
-                    dst[start : start + bucket.numel()].copy_(bucket.cpu())
-                del dst  # drop the buffer export before anyone closes the segment
+            os.ftruncate(fd, max(nbytes, 1))
+            mapped = mmap.mmap(fd, max(nbytes, 1))
         except BaseException:
-            self.release()  # a half-filled segment must not outlive the failed prepare
+            os.unlink(os.path.join(SHM_DIR, name))
             raise
-        return {"shm_name": name}
+        finally:
+            os.close(fd)
+        buf = torch.frombuffer(mapped, dtype=torch.uint8)[:nbytes]
+        self._segment = (name, buf)
+        return buf
+
+    def prepare(self, plan: SyncPlan) -> dict[str, Any]:
+        if self._segment is None or plan.buffer.data_ptr() != self._segment[1].data_ptr():
+            try:  # not packed in our segment: copy it into a fresh one
+                src = plan.buffer[: plan.manifest.total_bytes]
+                self.staging(plan.manifest.total_bytes, torch.device("cpu"))[: src.numel()].copy_(src)
+            except BaseException:
+                self.release()  # a half-filled segment must not outlive the failed prepare
+                raise
+        return {"shm_name": self._segment[0]}
 
     def release(self) -> None:
+        """Unlink the segment; its memory goes when the last view of it (the plan's tensors) is gone."""
         if self._segment is not None:
-            seg, self._segment = self._segment, None
-            seg.close()
-            seg.unlink()
+            name, self._segment = self._segment[0], None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(SHM_DIR, name))
 
     def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
         fd, size = _open_segment(handle)
@@ -76,8 +91,7 @@ class SharedMemoryTransport(Transport):
         return size
 
     def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
-        # Read the segment as a file: attaching a SharedMemory object would register it with this process's
-        # resource tracker, which then fights the sender (its owner) over unlinking it.
+        # Read the segment as a file (no mapping shared with the sender: the receiver's copy is private).
         fd, size = _open_segment(handle)
         try:
             if size < manifest.total_bytes:
