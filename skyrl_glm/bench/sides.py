@@ -156,6 +156,8 @@ class Sender:
             version=version,
             bucket_bytes=self.opts.bucket_mb << 20,
             staging=self.transport.staging,
+            # the exporter's own declaration, as SkyRL's path gets it (experts_per_shared_adapter)
+            shared_storage=self.opts.share_experts and not self.opts.copies,
         )
         return plan, dict(plan.timings)
 

@@ -5,16 +5,16 @@ wraparound: the plain sum and a position-weighted sum, weight ``pos % 251 + 1`` 
 addition modulo 2**64 is exact in any order, so the sender's GPU and the receiver's GPU (or CPU) agree bit for
 bit. This detects corruption and truncation on the data channel; it is not a cryptographic hash.
 
-:func:`checksums` works tensor by tensor (routing pieces). :func:`span_checks` works on a packed stream (the
-sender's buffer, the receiver's staging buffer): on CUDA one Triton kernel computes both sums and a NaN/inf flag
-for every tensor of the stream at once (one launch, one host transfer); elsewhere one int64 view of the whole
-stream and a few reductions per tensor.
+:func:`span_checks` works on a packed stream (the sender's buffer, the receiver's staging buffer): on CUDA one
+Triton kernel computes both sums and a NaN/inf flag for every tensor of the stream at once (one launch, one host
+transfer); elsewhere numpy reductions per tensor. :func:`checksums` packs loose tensors (routing pieces) first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 _WEIGHT_PERIOD = 251
@@ -30,33 +30,26 @@ def int32_words(raw: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.pad(raw, (0, pad)) if pad else raw).view(torch.int32)
 
 
-def _weights(n: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(1, n + 1, dtype=torch.int64, device=device)
-
-
-def _word_sums(w: torch.Tensor) -> torch.Tensor:
-    """``[plain, weighted]`` (int64, on ``w``'s device) of int64 words ``w``: column sums of a ``[-1, 251]`` view
-    weighted once, instead of a weight per word."""
-    n = w.numel()
-    k = n - n % _WEIGHT_PERIOD
-    cols = w[:k].view(-1, _WEIGHT_PERIOD).sum(0)
-    tail = w[k:]
-    plain = cols.sum() + tail.sum()
-    weighted = (cols * _weights(_WEIGHT_PERIOD, w.device)).sum() + (tail * _weights(n - k, w.device)).sum()
-    return torch.stack([plain, weighted])
-
-
 def _fmt(sums: list[list[int]]) -> list[str]:
     return [f"{a & _MASK:016x}{b & _MASK:016x}" for a, b in sums]
 
 
 def checksums(tensors: Sequence[torch.Tensor]) -> list[str]:
-    """One checksum string per tensor, with a single device->host transfer for the whole list."""
+    """One checksum string per tensor (packed into one zeroed stream, then :func:`span_checks`)."""
     if not tensors:
         return []
-    device = tensors[0].device
-    sums = [_word_sums(int32_words(t.contiguous().view(-1).view(torch.uint8)).to(torch.int64)) for t in tensors]
-    return _fmt(torch.stack([s.to(device) for s in sums]).cpu().tolist())
+    spans, offset = [], 0
+    for t in tensors:
+        spans.append((offset, t.numel() * t.element_size(), _dtype_name(t.dtype)))
+        offset += (spans[-1][1] + 63) // 64 * 64
+    stream = torch.zeros(offset, dtype=torch.uint8, device=tensors[0].device)
+    for (o, n, _), t in zip(spans, tensors, strict=True):
+        stream[o : o + n].copy_(t.reshape(-1).view(torch.uint8))
+    return span_checks(stream, spans)[0]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 Span = tuple[int, int, str]  # (byte offset, nbytes, dtype name); offsets are multiples of 4
@@ -67,41 +60,40 @@ def span_checks(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str],
     end and the next multiple of 4 count as padding and must be zero (the sender zeroes them)."""
     if not spans:
         return [], []
-    if stream.is_cuda and _triton() is not None:
+    if stream.is_cuda:
         return _span_checks_triton(stream, spans)
-    return _span_checks_torch(stream, spans)
+    return _span_checks_numpy(stream, spans)
 
 
-def _span_checks_torch(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str], list[bool]]:
+def _span_checks_numpy(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str], list[bool]]:
+    """Off the GPU: numpy reductions (int64 accumulation without an int64 copy of the stream; column sums of a
+    ``[-1, 251]`` view weighted once instead of a weight per word)."""
     end = max(o + (n + 3) // 4 * 4 for o, n, _ in spans)
-    words = stream[:end].view(torch.int32)
-    wide = words.to(torch.int64)
+    words = stream[:end].numpy().view(np.int32)
+    weights = np.arange(1, _WEIGHT_PERIOD + 1, dtype=np.int64)
     sums, finite = [], []
     for offset, nbytes, dtype in spans:
-        a, b = offset // 4, (offset + nbytes + 3) // 4
-        sums.append(_word_sums(wide[a:b]))
+        w = words[offset // 4 : (offset + nbytes + 3) // 4]
+        k = w.size - w.size % _WEIGHT_PERIOD
+        cols = w[:k].reshape(-1, _WEIGHT_PERIOD).sum(0, dtype=np.int64)
+        tail = w[k:].astype(np.int64)
+        plain = int(cols.sum()) + int(tail.sum())
+        weighted = int((cols * weights).sum()) + int((tail * weights[: tail.size]).sum())
+        sums.append([plain, weighted])
         mask, bits = _EXPONENT[dtype]
-        w = words[a:b]
-        bad = (w & mask) == mask
-        if bits == 16:
-            bad |= ((w >> 16) & mask) == mask
-        finite.append(~bad.any())
-    out = torch.stack(sums).cpu().tolist()
-    return _fmt(out), torch.stack(finite).cpu().tolist()
+        values = w.view(np.int16) if bits == 16 else w
+        finite.append(not bool(((values & mask) == mask).any()))
+    return _fmt(sums), finite
 
 
 _TRITON: list = []
 
 
 def _triton():
-    """The compiled kernel, or None where Triton is missing (a CPU-only install)."""
+    """The Triton kernel (built on first use)."""
     if not _TRITON:
-        try:
-            import triton
-            import triton.language as tl
-        except ImportError:
-            _TRITON.append(None)
-            return None
+        import triton  # comes with PyTorch's CUDA builds
+        import triton.language as tl
 
         @triton.jit
         def span_kernel(words, starts, counts, kinds, out, BLOCK: tl.constexpr):

@@ -3,13 +3,13 @@
 Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT state dict or Megatron-Bridge's
 ``export_adapter_weights``. Work is per unique tensor, not per public name:
 
-* **Dedup, exact.** What the exporter declares shared it hands out as one storage (Bridge's
-  ``share_expert_adapters``: one tensor under every expert name): names showing one storage view are one sent
-  tensor and no value is compared. Only where storages differ is equality *proven*, within a candidate group
-  (one (layer, A/B): the experts' adapters and the fused modules' shared ``lora_A``): every candidate is compared
-  with its (group, shape)'s first value in stacked comparisons; the rest meet earlier values of equal fingerprint
-  (exact int64 word sums) and are compared with them. A fingerprint never decides alone; each phase costs one host
-  sync for all groups. Duplicates are dropped per chunk, so sender memory stays near the unique adapter.
+* **Dedup, exact.** Names showing one storage view are one sent tensor; no value is compared. When the exporter
+  declares its sharing (``shared_storage``: Bridge's ``share_expert_adapters`` hands out one tensor under every
+  expert name), that is all. Otherwise equality is *proven* within candidate groups (one (layer, A/B): the
+  experts' adapters and the fused modules' shared ``lora_A``) in batches: each candidate against its predecessor,
+  then the first of each run of equals by fingerprint (exact int64 word sums) and comparison against earlier
+  values. A fingerprint never decides alone; each phase costs one host sync for all groups. Duplicates are dropped
+  per chunk, so sender memory stays near the unique adapter.
 * **Alias runs.** Each sent tensor's public names become :class:`~skyrl_glm.sync.aliases.AliasRun` rules
   (expert-index ranges) plus a few explicit aliases: a ~0.3 MB manifest instead of a 17 MB map.
 * **Pack, fold, checksum on the packed stream.** The unique tensors are copied once into the stream buffer (the
@@ -85,6 +85,7 @@ class _Group:
     prints: dict[tuple, _Storage] = field(default_factory=dict)  # (shape, dtype, fingerprint) -> unique value
     printed: set[int] = field(default_factory=set)  # ids of the unique values whose fingerprint is in ``prints``
     pending: list[_Storage] = field(default_factory=list)
+    last: dict[tuple, _Storage] = field(default_factory=dict)  # (shape, dtype) -> the last candidate's value
 
 
 @dataclass
@@ -133,7 +134,8 @@ def _host(flags: list[torch.Tensor]) -> list[bool]:
 
 
 class _Deduper:
-    def __init__(self) -> None:
+    def __init__(self, declared: bool) -> None:
+        self.declared = declared
         self.groups: dict[str, _Group] = {}
         self.sent: list[_Storage] = []
         self.by_view: dict[tuple, _Storage] = {}
@@ -154,73 +156,82 @@ class _Deduper:
             del self.by_object[id(t)]
 
     def resolve(self, groups: Iterable[_Group]) -> None:
-        """Decide the pending candidates of ``groups`` (see the module docstring)."""
+        """Decide the pending candidates of ``groups``, stream order kept per (group, shape, dtype):
+
+        1. each candidate against the one before it (exporter copies come in runs: expert after expert), in stacked
+           comparisons; a candidate equal to its predecessor takes its value;
+        2. the first candidate of each run of equals (a *head*) by fingerprint against every earlier value;
+        3. heads with an equal fingerprint compared with that value: equal, an alias; else a new value.
+
+        One host sync per phase for all groups together."""
         todo: list[tuple[_Group, tuple, list[_Storage]]] = []
         for group in groups:
             by_meta: dict[tuple, list[_Storage]] = {}
             for s in group.pending:
                 by_meta.setdefault((tuple(s.tensor.shape), s.tensor.dtype), []).append(s)
             group.pending = []
-            for meta, members in by_meta.items():
-                if not group.values.get(meta):  # the first value of its shape: nothing to compare with
-                    self.keep(group, meta, members[0])
-                    members = members[1:]
-                if members:
-                    todo.append((group, meta, members))
+            todo += [(group, meta, members) for meta, members in by_meta.items()]
         if not todo:
             return
-        # (1) every candidate against its (group, meta)'s first value
-        flags = [f for g, meta, ms in todo for f in _equal_rows([m.tensor for m in ms], g.values[meta][0].tensor)]
-        equal = iter(_host(flags))
-        rest: list[tuple[_Group, tuple, list[_Storage]]] = []
+        # (1) each candidate against its predecessor (for the first: the value of the previous batch's last one; never
+        # a dropped duplicate, whose memory the exporter may have reused)
+        flags = []
         for group, meta, members in todo:
-            ref = group.values[meta][0]
-            left = []
-            for m in members:
-                if next(equal):
-                    self.drop(m, ref)
+            chain = [group.last[meta].tensor] if meta in group.last else []
+            chain += [m.tensor for m in members]
+            if len(chain) > 1:
+                flags += _equal_rows(chain[1:], chain[:-1])
+        equal = iter(_host(flags))
+        rep: dict[int, _Storage] = {}  # id(candidate) -> the head of its run, or the decided value
+        heads: list[tuple[_Group, tuple, _Storage]] = []
+        for group, meta, members in todo:
+            prev = group.last.get(meta)
+            for i, m in enumerate(members):
+                if (i > 0 or prev is not None) and next(equal):
+                    rep[id(m)] = rep[id(members[i - 1])] if i > 0 else prev
                 else:
-                    left.append(m)
-            if left:
-                rest.append((group, meta, left))
-        if not rest:
-            return
-        # (2) fingerprints of the rest and of earlier values that have none yet
+                    rep[id(m)] = m
+                    heads.append((group, meta, m))
+        # (2) heads by fingerprint against every earlier value (those without a fingerprint get one now)
         prints, unprinted = [], []
-        for group, meta, left in rest:
-            new = [v for v in group.values[meta] if id(v) not in group.printed]
+        for group, meta, head in heads:
+            new = [v for v in group.values.get(meta, []) if id(v) not in group.printed]
+            group.printed.update(id(v) for v in new)
             unprinted.append(new)
-            for _, st in _stacked([v.tensor for v in new + left]):
+            for _, st in _stacked([v.tensor for v in [*new, head]]):
                 prints.append(_fingerprints(st))
-        fps = iter(torch.cat([p.to("cpu") for p in prints]).tolist())
-        pairs: list[tuple[_Group, tuple, _Storage, _Storage]] = []
-        for (group, meta, left), new in zip(rest, unprinted, strict=True):
+        fps = iter(torch.cat([p.to("cpu") for p in prints]).tolist() if prints else [])
+        pairs: dict[tuple, list[tuple[_Storage, _Storage]]] = {}
+        for (group, meta, head), new in zip(heads, unprinted, strict=True):
             for v in new:
                 group.prints.setdefault((meta, next(fps)), v)
-                group.printed.add(id(v))
-            for m in left:
-                ref = group.prints.get((meta, fp := next(fps)))
-                if ref is None:
-                    group.prints[(meta, fp)] = m
-                    group.printed.add(id(m))
-                    self.keep(group, meta, m)
-                else:
-                    pairs.append((group, meta, m, ref))
+            ref = group.prints.get((meta, fp := next(fps)))
+            if ref is None:
+                group.prints[(meta, fp)] = head
+                group.printed.add(id(head))
+                self.keep(group, meta, head)
+            else:
+                pairs.setdefault(meta, []).append((head, ref))
         # (3) equal fingerprints: compare the values
-        by_meta: dict[tuple, list[tuple[_Group, tuple, _Storage, _Storage]]] = {}
-        for p in pairs:
-            by_meta.setdefault(p[1], []).append(p)
-        pairs = [p for ps in by_meta.values() for p in ps]
-        flags = [
-            f for ps in by_meta.values() for f in _equal_rows([p[2].tensor for p in ps], [p[3].tensor for p in ps])
-        ]
-        if pairs:
-            equal = iter(_host(flags))
-            for group, meta, m, ref in pairs:
+        flags = [f for ps in pairs.values() for f in _equal_rows([h.tensor for h, _ in ps], [r.tensor for _, r in ps])]
+        equal = iter(_host(flags))
+        value: dict[int, _Storage] = {}  # id(head) -> its value
+        for meta, ps in pairs.items():
+            for head, ref in ps:
                 if next(equal):
-                    self.drop(m, ref)
+                    value[id(head)] = ref
                 else:  # a fingerprint collision: a distinct value after all
-                    self.keep(group, meta, m)
+                    group = next(g for g, m, h in heads if h is head)
+                    self.keep(group, meta, head)
+        # every candidate now has a value: itself (kept) or an earlier one
+        for group, meta, members in todo:
+            for m in members:
+                r = rep[id(m)]
+                v = value.get(id(r), r)
+                if v is not m:
+                    self.drop(m, v)
+            last = rep[id(members[-1])]
+            group.last[meta] = value.get(id(last), last)
 
     def run(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Dedup:
         seen: set[str] = set()
@@ -241,7 +252,7 @@ class _Deduper:
                 s.names.append(name)
                 continue
             s = by_view[key] = by_object[id(t)] = _Storage(t, [name])
-            gname = candidate_group(name)
+            gname = None if self.declared else candidate_group(name)
             if gname is None:
                 self.sent.append(s)
                 continue
@@ -259,8 +270,14 @@ class _Deduper:
         )
 
 
-def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> Dedup:
-    return _Deduper().run(adapter.items() if isinstance(adapter, Mapping) else adapter)
+def deduplicate(
+    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], *, shared_storage: bool = False
+) -> Dedup:
+    """``shared_storage``: the exporter declares that it hands out one storage for all names of one tensor
+    (Megatron-Bridge ``share_expert_adapters``), so distinct storages are distinct tensors and no value is
+    compared. Without it, equality is proven within candidate groups. Exact either way: a wrong declaration
+    only sends a duplicate."""
+    return _Deduper(shared_storage).run(adapter.items() if isinstance(adapter, Mapping) else adapter)
 
 
 def alias_rules(names: Mapping[str, list[str]]) -> tuple[dict[str, str], list[AliasRun]]:
@@ -363,11 +380,13 @@ def build_plan(
     version: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     staging: Staging = zeroed,
+    shared_storage: bool = False,
 ) -> SyncPlan:
     """Deduplicate, pack, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, write the manifest.
-    ``staging(nbytes, device)`` gives the zeroed stream buffer (a transport's shared memory, say)."""
+    ``staging(nbytes, device)`` gives the zeroed stream buffer (a transport's shared memory, say);
+    ``shared_storage``: see :func:`deduplicate`."""
     t0 = time.perf_counter()
-    dedup = deduplicate(adapter)
+    dedup = deduplicate(adapter, shared_storage=shared_storage)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
     _sync(device)
     t1 = time.perf_counter()

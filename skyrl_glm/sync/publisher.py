@@ -44,20 +44,26 @@ class InMemoryPublisher:
         transport: Transport,
         lora_name: str = "policy",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        shared_storage: bool = False,
     ) -> None:
+        """``shared_storage``: the exporter hands out one storage per shared tensor (see ``plan.deduplicate``)."""
         self.sampler = sampler
         self.transport = transport
         self.lora_name = lora_name
         self.bucket_bytes = bucket_bytes
+        self.shared_storage = shared_storage
         self.last_plan: SyncPlan | None = None
 
     def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
+        """Plan straight into the transport's staging memory (send it with :meth:`send` before the next plan)."""
         return build_plan(
             adapter,
             adapter_config=adapter_config,
             lora_name=self.lora_name,
             version=version,
             bucket_bytes=self.bucket_bytes,
+            staging=self.transport.staging,
+            shared_storage=self.shared_storage,
         )
 
     def _stage(self, plan: SyncPlan) -> tuple[float, float, dict[str, Any]]:
