@@ -18,6 +18,7 @@ A run's index is one whole dotted component (``head`` ends with ``.``, ``tail`` 
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,21 @@ MAX_RUN_NAMES = 1 << 24  # public names all runs of one update may expand to
 
 class AliasError(ValueError):
     """The alias rules are malformed or ambiguous."""
+
+
+_DIGITS: list[str] = []
+
+
+def _digits(start: int, stop: int) -> list[str]:
+    """``[str(i) for i in range(start, stop)]`` from a cache (run names are built and checked in bulk)."""
+    if stop > len(_DIGITS):
+        _DIGITS.extend(map(str, range(len(_DIGITS), max(stop, 2 * len(_DIGITS), 1024))))
+    return _DIGITS[start:stop]
+
+
+def _joined(head: str, start: int, stop: int, tail: str) -> str:
+    """The names ``head + str(i) + tail``, ``i`` in ``[start, stop)``, joined by newlines (one C-level join)."""
+    return head + (tail + "\n" + head).join(_digits(start, stop)) + tail
 
 
 @dataclass(frozen=True)
@@ -41,8 +57,7 @@ class AliasRun:
     sent: str
 
     def names(self) -> list[str]:
-        head, tail = self.head, self.tail
-        return [head + s + tail for s in map(str, range(self.start, self.stop))]
+        return _joined(self.head, self.start, self.stop, self.tail).split("\n")
 
     def to_json(self) -> list:
         return [self.head, self.start, self.stop, self.tail, self.sent]
@@ -60,50 +75,43 @@ class AliasRun:
         run = cls(head, start, stop, tail, sent)
         if not 0 <= start < stop <= MAX_INDEX:
             raise AliasError(f"alias run #{i}: range [{start}, {stop}) is empty or outside 0..{MAX_INDEX}")
-        if not head.endswith(".") or not tail.startswith("."):
+        if not head.endswith(".") or not tail.startswith(".") or "\n" in head or "\n" in tail:
             raise AliasError(f"alias run #{i}: the index must be a whole dotted component ({head!r} .. {tail!r})")
         return run
+
+
+_INDEX = re.compile(r"(?<=\.)(?:0|[1-9][0-9]*)(?=\.)")
 
 
 def split_index(name: str, last: bool = True) -> list[tuple[str, int, str]]:
     """Every way to read ``name`` as ``head + str(i) + tail`` with ``i`` a whole dotted component (canonical
     decimal), last component first when ``last``."""
-    parts = name.split(".")
-    out = []
-    pos = 0
-    for k, p in enumerate(parts):
-        if k and k < len(parts) - 1 and p.isdigit() and p.isascii() and (p == "0" or p[0] != "0"):
-            out.append((name[:pos], int(p), name[pos + len(p) :]))
-        pos += len(p) + 1
+    out = [(name[: m.start()], int(m[0]), name[m.end() :]) for m in _INDEX.finditer(name)]
     return out[::-1] if last else out
 
 
 def runs_of(sent: str, names: Sequence[str], min_run: int = 3) -> tuple[list[AliasRun], list[str]]:
     """Cover ``names`` (one sent tensor's public names, stream order) with runs of at least ``min_run`` names;
-    returns the runs and the names left explicit. Exact: a run is kept only if its expansion equals the names."""
+    returns the runs and the names left explicit. Exact: a run is kept only if its expansion, joined, equals the
+    names joined (a C-level comparison; the run's length is found by probing single names)."""
     runs: list[AliasRun] = []
     explicit: list[str] = []
     i, n = 0, len(names)
     while i < n:
-        splits = split_index(names[i]) if n - i >= min_run else []
         taken = 1
-        for head, idx, tail in splits[:1]:
-            want = [head + s + tail for s in map(str, range(idx, min(idx + n - i, MAX_INDEX)))]
-            got = names[i : i + len(want)]
-            if got == want:
-                k = len(want)
-            else:  # the longest prefix that matches (prefix equality is monotone)
-                lo, hi = 1, len(want)
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if got[:mid] == want[:mid]:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                k = lo
-            if k >= min_run:
-                runs.append(AliasRun(head, idx, idx + k, tail, sent))
-                taken = k
+        for head, idx, tail in (split_index(names[i])[:1] if n - i >= min_run else []):
+            # the longest k for which names[i + k - 1] is the run's k-th name (binary search on probes) ...
+            lo, hi = 1, min(n - i, MAX_INDEX - idx)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if names[i + mid - 1] == head + str(idx + mid - 1) + tail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            # ... kept only when every name in between is the run's too
+            if lo >= min_run and "\n".join(names[i : i + lo]) == _joined(head, idx, idx + lo, tail):
+                runs.append(AliasRun(head, idx, idx + lo, tail, sent))
+                taken = lo
         if taken == 1:
             explicit.append(names[i])
         i += taken

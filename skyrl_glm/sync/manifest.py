@@ -90,6 +90,27 @@ _CHECKSUM = re.compile(r"[0-9a-f]{32}")
 
 
 def _tensor_entry(raw: Any, i: int) -> TensorEntry:
+    # Fast path for a well-formed entry (1,389 per full GLM-5.3 update); anything else gets the precise reason.
+    if type(raw) is dict and len(raw) == 6:
+        name, dtype, shape = raw.get("name"), raw.get("dtype"), raw.get("shape")
+        offset, nbytes, checksum = raw.get("offset"), raw.get("nbytes"), raw.get("checksum")
+        if (
+            type(name) is str
+            and type(dtype) is str
+            and type(shape) is list
+            and all(type(x) is int and 0 <= x <= MAX_INT for x in shape)
+            and type(offset) is int
+            and 0 <= offset <= MAX_INT
+            and type(nbytes) is int
+            and 0 <= nbytes <= MAX_INT
+            and type(checksum) is str
+            and _CHECKSUM.fullmatch(checksum)
+        ):
+            return TensorEntry(name, dtype, tuple(shape), offset, nbytes, checksum)
+    return _tensor_entry_checked(raw, i)
+
+
+def _tensor_entry_checked(raw: Any, i: int) -> TensorEntry:
     what = f"tensor #{i}"
     t = _object(raw, what)
     name = _field(t, "name", str, what)

@@ -21,11 +21,15 @@ Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT stat
 
 from __future__ import annotations
 
+import itertools
+import operator
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
     LORA_B_SUFFIX,
@@ -35,10 +39,12 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 
 from skyrl_glm.sync.aliases import AliasRun, runs_of
 from skyrl_glm.sync.checksum import int32_words, span_checks
+from skyrl_glm.sync.compare import equal_pairs
 from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, align, dtype_name, views
 
 DEFAULT_BUCKET_BYTES = 512 << 20
-_CHUNK = 256  # pending candidates of one group decided together (bounds what duplicates hold)
+_CHUNK = 2048  # pending candidates of one group decided together (bounds what duplicates hold)
+_SLICE = 16384  # stream pairs grouped by object at once
 _STACK_BYTES = 1 << 30  # at most this much stacked per comparison
 
 Staging = Callable[[int, torch.device], torch.Tensor]
@@ -71,12 +77,13 @@ def _view_key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Storage:
     """One distinct storage view of the stream and every public name that shows it (stream order)."""
 
     tensor: torch.Tensor
     names: list[str]
+    key: tuple  # its view key
 
 
 @dataclass
@@ -116,19 +123,6 @@ def _stacked(tensors: Sequence[torch.Tensor]) -> Iterator[tuple[int, torch.Tenso
         yield i, torch.stack(list(tensors[i : i + per]))
 
 
-def _equal_rows(left: Sequence[torch.Tensor], right: Sequence[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
-    """Device flags: ``left[i]`` byte-equal to ``right[i]`` (or to ``right`` itself, one tensor)."""
-    flags = []
-    for i, a in _stacked(left):
-        a = a.reshape(a.shape[0], -1).view(torch.uint8)
-        if isinstance(right, torch.Tensor):
-            b = right.reshape(1, -1).view(torch.uint8)
-        else:
-            b = torch.stack(list(right[i : i + a.shape[0]])).reshape(a.shape[0], -1).view(torch.uint8)
-        flags.append((a == b).all(1))
-    return flags
-
-
 def _host(flags: list[torch.Tensor]) -> list[bool]:
     return torch.cat([f.to("cpu") for f in flags]).tolist() if flags else []
 
@@ -149,11 +143,10 @@ class _Deduper:
         """``dup`` equals ``ref``: its names show ``ref``. Once the exporter frees ``dup`` its address may come back
         with another value, so its view key and object id are forgotten."""
         ref.names.extend(dup.names)
-        t = dup.tensor
-        if self.by_view.get(_view_key(t)) is dup:
-            del self.by_view[_view_key(t)]
-        if self.by_object.get(id(t)) is dup:
-            del self.by_object[id(t)]
+        if self.by_view.get(dup.key) is dup:
+            del self.by_view[dup.key]
+        if self.by_object.get(id(dup.tensor)) is dup:
+            del self.by_object[id(dup.tensor)]
 
     def resolve(self, groups: Iterable[_Group]) -> None:
         """Decide the pending candidates of ``groups``, stream order kept per (group, shape, dtype):
@@ -175,13 +168,14 @@ class _Deduper:
             return
         # (1) each candidate against its predecessor (for the first: the value of the previous batch's last one; never
         # a dropped duplicate, whose memory the exporter may have reused)
-        flags = []
+        left: list[torch.Tensor] = []
+        right: list[torch.Tensor] = []
         for group, meta, members in todo:
             chain = [group.last[meta].tensor] if meta in group.last else []
             chain += [m.tensor for m in members]
-            if len(chain) > 1:
-                flags += _equal_rows(chain[1:], chain[:-1])
-        equal = iter(_host(flags))
+            left += chain[1:]
+            right += chain[:-1]
+        equal = iter(_host([equal_pairs(left, right)]))
         rep: dict[int, _Storage] = {}  # id(candidate) -> the head of its run, or the decided value
         heads: list[tuple[_Group, tuple, _Storage]] = []
         for group, meta, members in todo:
@@ -213,8 +207,8 @@ class _Deduper:
             else:
                 pairs.setdefault(meta, []).append((head, ref))
         # (3) equal fingerprints: compare the values
-        flags = [f for ps in pairs.values() for f in _equal_rows([h.tensor for h, _ in ps], [r.tensor for _, r in ps])]
-        equal = iter(_host(flags))
+        flat = [p for ps in pairs.values() for p in ps]
+        equal = iter(_host([equal_pairs([h.tensor for h, _ in flat], [r.tensor for _, r in flat])]))
         value: dict[int, _Storage] = {}  # id(head) -> its value
         for meta, ps in pairs.items():
             for head, ref in ps:
@@ -233,34 +227,50 @@ class _Deduper:
             last = rep[id(members[-1])]
             group.last[meta] = value.get(id(last), last)
 
+    def add(self, name_group: list[str], t: torch.Tensor) -> None:
+        """Names of one tensor object (stream order): onto its storage, or a new storage (a candidate when the
+        exporter declared no sharing)."""
+        s = self.by_object.get(id(t))
+        if s is not None and s.tensor is t:
+            s.names += name_group
+            return
+        key = _view_key(t)
+        s = self.by_view.get(key)
+        if s is not None:
+            s.names += name_group
+            return
+        s = self.by_view[key] = self.by_object[id(t)] = _Storage(t, name_group, key)
+        gname = None if self.declared else candidate_group(name_group[0])
+        if gname is None:
+            self.sent.append(s)
+            return
+        group = self.groups.setdefault(gname, _Group())
+        group.pending.append(s)
+        if len(group.pending) >= _CHUNK:
+            self.resolve([group])
+
     def run(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Dedup:
-        seen: set[str] = set()
+        """Per slice of the stream, names are grouped by tensor object in bulk (numpy over object ids), so the
+        Python work is per distinct object, not per public name."""
         count = 0
-        by_object, by_view = self.by_object, self.by_view
-        for name, t in pairs:
-            seen.add(name)
-            count += 1
-            if len(seen) != count:
-                raise ValueError(f"adapter stream repeats the name {name!r}")
-            s = by_object.get(id(t))
-            if s is not None and s.tensor is t:
-                s.names.append(name)
-                continue
-            key = _view_key(t)
-            s = by_view.get(key)
-            if s is not None:
-                s.names.append(name)
-                continue
-            s = by_view[key] = by_object[id(t)] = _Storage(t, [name])
-            gname = None if self.declared else candidate_group(name)
-            if gname is None:
-                self.sent.append(s)
-                continue
-            group = self.groups.setdefault(gname, _Group())
-            group.pending.append(s)
-            if len(group.pending) >= _CHUNK:
-                self.resolve([group])
+        stream = iter(pairs)
+        while chunk := list(itertools.islice(stream, _SLICE)):
+            count += len(chunk)
+            names, tensors = zip(*chunk, strict=True)
+            ids = np.fromiter(map(id, tensors), dtype=np.uint64, count=len(tensors))
+            _, first, inverse, sizes = np.unique(ids, return_index=True, return_inverse=True, return_counts=True)
+            by_object = operator.itemgetter(*np.argsort(inverse, kind="stable").tolist())(names)
+            if len(chunk) == 1:
+                by_object = (by_object,)
+            ends = np.cumsum(sizes).tolist()
+            starts = [0, *ends[:-1]]
+            for k in np.argsort(first, kind="stable").tolist():  # objects in order of first appearance
+                self.add(list(by_object[starts[k] : ends[k]]), tensors[first[k]])
         self.resolve(self.groups.values())
+        seen = set(itertools.chain.from_iterable(s.names for s in self.sent))
+        if len(seen) != count:
+            repeated = Counter(itertools.chain.from_iterable(s.names for s in self.sent)).most_common(1)[0][0]
+            raise ValueError(f"adapter stream repeats the name {repeated!r}")
         public_bytes = sum(s.tensor.numel() * s.tensor.element_size() * len(s.names) for s in self.sent)
         return Dedup(
             unique={s.names[0]: s.tensor for s in self.sent},
