@@ -41,6 +41,7 @@ from skyrl_glm.sync.aliases import AliasRun, runs_of
 from skyrl_glm.sync.checksum import int32_words, span_checks
 from skyrl_glm.sync.compare import equal_pairs
 from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, align, dtype_name, views
+from skyrl_glm.sync.nogc import paused_gc
 
 DEFAULT_BUCKET_BYTES = 512 << 20
 _CHUNK = 2048  # pending candidates of one group decided together (bounds what duplicates hold)
@@ -395,6 +396,19 @@ def build_plan(
     """Deduplicate, pack, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, write the manifest.
     ``staging(nbytes, device)`` gives the zeroed stream buffer (a transport's shared memory, say);
     ``shared_storage``: see :func:`deduplicate`."""
+    with paused_gc():
+        return _build_plan(adapter, adapter_config, lora_name, version, bucket_bytes, staging, shared_storage)
+
+
+def _build_plan(
+    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+    adapter_config: Mapping[str, Any],
+    lora_name: str,
+    version: int,
+    bucket_bytes: int,
+    staging: Staging,
+    shared_storage: bool,
+) -> SyncPlan:
     t0 = time.perf_counter()
     dedup = deduplicate(adapter, shared_storage=shared_storage)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")

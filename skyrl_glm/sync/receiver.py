@@ -16,6 +16,7 @@ from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_alias
 
 from skyrl_glm.sync.checksum import span_checks
 from skyrl_glm.sync.manifest import Manifest, ManifestError, views
+from skyrl_glm.sync.nogc import paused_gc
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,11 @@ class AdapterReceiver:
         return manifest, waited
 
     def receive(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> ReceivedAdapter:
+        """Validate, receive, verify and rebuild one update, or raise :class:`UpdateRejected` with the reason."""
+        with paused_gc():
+            return self._receive(manifest_json, handle, transport)
+
+    def _receive(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> ReceivedAdapter:
         t0 = time.perf_counter()
         try:
             manifest, waited = self._admit(manifest_json, handle, transport)
