@@ -138,15 +138,30 @@ class NameIndex:
                 if start < stop:
                     raise AliasError(f"alias runs {key[0]}[...]{key[1]} overlap at index {start} ({a!r}, {b!r})")
         self._starts = {k: [iv[0] for iv in v] for k, v in self.runs.items()}
-        for (head, tail), intervals in self.runs.items():
-            for start, _, _ in intervals:
-                for h, _i, t in split_index(head + str(start) + tail):
-                    if (h, t) != (head, tail) and (h, t) in self.runs:
-                        raise AliasError(f"alias runs {head}[...]{tail} and {h}[...]{t} can name the same tensor")
+        self._check_unambiguous()
         for name, sent in explicit.items():
             run_sent = self._in_run(name)
             if run_sent is not None and not (name == sent == run_sent):
                 raise AliasError(f"public name {name!r} is both explicit and in an alias run")
+
+    def _check_unambiguous(self) -> None:
+        """No name of one run is also a name of another run read at another component: for run ``(h1, t1)`` and a
+        numeric component ``j`` of ``h1`` (``h1 = h2 + j + rest``), a run ``(h2, t2)`` with ``t2 = rest + i + t1``
+        names ``h1 + i + t1`` too when ``i`` is in the first run's range and ``j`` in the second's."""
+        tails: dict[str, list[str]] = {}
+        for head, tail in self.runs:
+            tails.setdefault(head, []).append(tail)
+        for head, tail in self.runs:
+            for h2, j, rest in split_index(head + "x"):
+                rest = rest[:-1]  # drop the "x" that made the index's own component not count
+                for t2 in tails.get(h2, ()):
+                    middle = t2[len(rest) : len(t2) - len(tail)]
+                    if not (t2.startswith(rest) and t2.endswith(tail) and len(t2) >= len(rest) + len(tail)):
+                        continue
+                    if not middle.isdigit() or not middle.isascii() or (middle != "0" and middle[0] == "0"):
+                        continue
+                    if self._interval((head, tail), int(middle)) and self._interval((h2, t2), j):
+                        raise AliasError(f"alias runs {head}[...]{tail} and {h2}[...]{t2} can name the same tensor")
 
     def _in_run(self, name: str) -> str | None:
         """The sent name a run gives ``name``, or None."""
