@@ -24,7 +24,10 @@ E = "base_model.model.model.layers.3.mlp.experts."
 
 def test_runs_cover_expert_ranges_and_leave_the_rest_explicit():
     names = [f"{E}{e}.gate_proj.lora_A.weight" for e in range(8)] + [f"{E}{e}.up_proj.lora_A.weight" for e in range(8)]
-    names += [f"{E}9.gate_proj.lora_A.weight", "base_model.model.model.layers.3.mlp.shared_experts.up_proj.lora_A.weight"]
+    names += [
+        f"{E}9.gate_proj.lora_A.weight",
+        "base_model.model.model.layers.3.mlp.shared_experts.up_proj.lora_A.weight",
+    ]
     runs, explicit = runs_of(names[0], names)
     assert runs == [
         AliasRun(E, 0, 8, ".gate_proj.lora_A.weight", names[0]),
@@ -48,8 +51,9 @@ def test_full_size_rules_rebuild_every_public_name():
     syn = synthetic_adapter(opts)
     made = {k: v[:1] for k, v in syn.unique.items()}  # the shapes do not matter here, only names and storage
     public = {n: made[k] for n, k in syn.names.items()}
-    plan = build_plan(public, adapter_config=adapter_config(4, 8.0, syn.targets), lora_name="p", version=1,
-                      shared_storage=True)
+    plan = build_plan(
+        public, adapter_config=adapter_config(4, 8.0, syn.targets), lora_name="p", version=1, shared_storage=True
+    )
     m = plan.manifest
     # per MoE layer: fc1 A under gate and up (2 runs), gate B, up B, down A, down B
     assert len(m.alias_runs) == 2 * 6
@@ -76,8 +80,7 @@ def _expert_plan():
     for e in range(8):
         adapter[f"{E}{e}.gate_proj.lora_A.weight"] = a
         adapter[f"{E}{e}.gate_proj.lora_B.weight"] = b
-    return build_plan(adapter, adapter_config={"r": 4, "lora_alpha": 4}, lora_name="p", version=1,
-                      shared_storage=True)
+    return build_plan(adapter, adapter_config={"r": 4, "lora_alpha": 4}, lora_name="p", version=1, shared_storage=True)
 
 
 def test_expert_plan_uses_runs_and_is_received():
@@ -104,10 +107,22 @@ def test_expert_plan_uses_runs_and_is_received():
         (lambda d: d["alias_runs"][0].__setitem__(4, "nope"), "which is not sent"),
         (lambda d: d.__setitem__("alias_runs", {"x": 1}), "'alias_runs' must be a list"),
         (lambda d: d["alias_runs"].append(list(d["alias_runs"][0])), "overlap"),
-        (lambda d: d["aliases"].__setitem__(f"{E}3.gate_proj.lora_A.weight", d["tensors"][0]["name"]),
-         "both explicit and in an alias run"),
-        (lambda d: d["alias_runs"].append(["base_model.model.model.layers.", 0, 9, ".mlp.experts.3.gate_proj.lora_A.weight",
-                                           d["tensors"][0]["name"]]), "can name the same tensor"),
+        (
+            lambda d: d["aliases"].__setitem__(f"{E}3.gate_proj.lora_A.weight", d["tensors"][0]["name"]),
+            "both explicit and in an alias run",
+        ),
+        (
+            lambda d: d["alias_runs"].append(
+                [
+                    "base_model.model.model.layers.",
+                    0,
+                    9,
+                    ".mlp.experts.3.gate_proj.lora_A.weight",
+                    d["tensors"][0]["name"],
+                ]
+            ),
+            "can name the same tensor",
+        ),
     ],
 )
 def test_malformed_or_ambiguous_rules_are_rejected(edit, reason):
