@@ -32,7 +32,9 @@ def glm5_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def glm5_sampler(glm5_dir):
     targets = FAMILY.lora.resolve(sampler="vllm-cpu") + [KV_B]
-    return vllm_sampler(glm5_dir, family=FAMILY, targets=targets, rank=8, device="cpu", allow_unsupported=True)
+    sampler = vllm_sampler(glm5_dir, family=FAMILY, targets=targets, rank=8, device="cpu", allow_unsupported=True)
+    yield sampler
+    sampler.close()
 
 
 def _check(glm5_dir, sampler, targets, first_version):
