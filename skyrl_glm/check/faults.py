@@ -59,9 +59,9 @@ class DropAliases(_BreaksUpdates):
 
     def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         plan = self.inner.plan(adapter, adapter_config, version)
-        if not plan.manifest.aliases:
+        if not plan.manifest.aliases and not plan.manifest.alias_runs:
             raise FaultNotApplicable("drop-aliases needs an adapter with aliased (shared) tensors; this one has none")
-        plan.manifest = dataclasses.replace(plan.manifest, aliases={})
+        plan.manifest = dataclasses.replace(plan.manifest, aliases={}, alias_runs=())
         return self.inner.send(plan)
 
 

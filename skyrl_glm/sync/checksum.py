@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from skyrl_glm.sync.manifest import dtype_name
+
 _WEIGHT_PERIOD = 251
 _MASK = 0xFFFFFFFFFFFFFFFF
 # Exponent bits of a float: all set = inf or NaN. Per dtype name: (mask, bits per value in an int32 word).
@@ -40,16 +42,12 @@ def checksums(tensors: Sequence[torch.Tensor]) -> list[str]:
         return []
     spans, offset = [], 0
     for t in tensors:
-        spans.append((offset, t.numel() * t.element_size(), _dtype_name(t.dtype)))
+        spans.append((offset, t.numel() * t.element_size(), dtype_name(t.dtype)))
         offset += (spans[-1][1] + 63) // 64 * 64
     stream = torch.zeros(offset, dtype=torch.uint8, device=tensors[0].device)
     for (o, n, _), t in zip(spans, tensors, strict=True):
         stream[o : o + n].copy_(t.reshape(-1).view(torch.uint8))
     return span_checks(stream, spans)[0]
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 Span = tuple[int, int, str]  # (byte offset, nbytes, dtype name); offsets are multiples of 4
