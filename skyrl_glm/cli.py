@@ -1,4 +1,4 @@
-"""``skyrl-glm`` command line: models, tiny checkpoints, the handoff check, benchmarks."""
+"""``skyrl-glm`` command line: models, tiny checkpoints, the handoff check, benchmarks, training."""
 
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _command_modules() -> list:
     from skyrl_glm.bench import cli as bench_cli
     from skyrl_glm.check import cli as check_cli
+    from skyrl_glm.skyrl import cli as train_cli
 
-    return [check_cli, bench_cli]
+    return [check_cli, bench_cli, train_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

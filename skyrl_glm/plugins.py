@@ -85,6 +85,11 @@ class Hookspecs:
         """Handoff-check samplers as ``(name, factory or "module:factory")``; a factory is a :class:`SamplerFactory`.
         The name is what ``skyrl-glm check --sampler`` takes."""
 
+    @hookspec
+    def skyrl_glm_skyrl_workers(self) -> list[tuple[str, Ref]]:
+        """SkyRL worker classes per ``trainer.strategy`` as ``(strategy, factory or "module:factory")``; the factory
+        returns the ``(PolicyWorker, CriticWorker, RefWorker)`` Ray actor classes (imported only when called)."""
+
 
 class RegistryError(UsageError, LookupError):
     """A name is unknown, two plugins registered the same name, or a plugin implements a hook that does not exist."""
@@ -106,6 +111,7 @@ class Registry:
     transports: dict[str, Ref]
     trainers: dict[str, Ref]
     samplers: dict[str, Ref]
+    skyrl_workers: dict[str, Ref]
 
     def model(self, name: str) -> ModelFamily:
         return _lookup(self.models, name, "model family")
@@ -128,6 +134,9 @@ class Registry:
 
     def sampler(self, name: str) -> SamplerFactory:
         return load_ref(_lookup(self.samplers, name, "sampler"))
+
+    def skyrl_worker_classes(self, strategy: str) -> tuple[Any, Any, Any]:
+        return load_ref(_lookup(self.skyrl_workers, strategy, "SkyRL worker strategy"))()
 
 
 def _lookup[T](table: dict[str, T], name: str, what: str) -> T:
@@ -170,6 +179,7 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
         transports=_merge(hook.skyrl_glm_transports(), "transport"),
         trainers=_merge(hook.skyrl_glm_trainers(), "trainer"),
         samplers=_merge(hook.skyrl_glm_samplers(), "sampler"),
+        skyrl_workers=_merge(hook.skyrl_glm_skyrl_workers(), "SkyRL worker strategy"),
     )
 
 

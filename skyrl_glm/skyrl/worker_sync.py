@@ -1,0 +1,149 @@
+"""The strategy-independent half of a policy worker whose LoRA sync goes through skyrl-glm (plan -> transport ->
+receiver), and what the check needs from a worker.
+
+Mixed in before SkyRL's FSDP (:mod:`skyrl_glm.skyrl.fsdp`) or Megatron (:mod:`skyrl_glm.skyrl.megatron`) policy
+worker. ``skyrl_glm.sync.mode=disk`` keeps SkyRL's own file sync. The trainer hands each worker its
+``skyrl_glm.sync`` settings (:meth:`GlmSyncMixin.skyrl_glm_configure`) before the weight-sync setup, because a
+worker only sees ``cfg.trainer``. Nothing here imports SkyRL's worker modules (they need CUDA-only packages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from skyrl_glm.plugins import registry
+from skyrl_glm.skyrl.publish import ServerPublisher
+from skyrl_glm.sync.update import UpdateResult
+
+
+@dataclass(frozen=True)
+class WorkerSync:
+    """The part of ``skyrl_glm.sync`` a policy worker acts on (``transport`` already resolved from ``auto``)."""
+
+    mode: str
+    transport: str
+    bucket_bytes: int
+    verify: bool = True
+    fault: str = "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class GlmSyncMixin:
+    """The strategy-independent half: settings, the rank-0 publish, the fault, and LoRA B access for the check.
+
+    A strategy subclass provides :meth:`_glm_adapter` (the full adapter on rank 0) and
+    :meth:`_glm_lora_b_params` (its trainable LoRA B parameters)."""
+
+    _glm_sync: WorkerSync | None = None
+    _glm_publisher: ServerPublisher | None = None
+    _glm_version = 0
+    _glm_last: dict[str, Any] | None = None
+    _glm_backup: list[torch.Tensor] | None = None
+
+    def skyrl_glm_configure(self, sync: dict[str, Any]) -> None:
+        self._glm_sync = WorkerSync(**sync)
+
+    def _glm_memory_sync(self) -> bool:
+        return bool(getattr(self, "_is_lora", False)) and self._glm_sync is not None and self._glm_sync.mode == "memory"
+
+    def _glm_skips_transfer_engine(self) -> bool:
+        """Whether SkyRL's weight-transfer engine (an NCCL rendezvous with vLLM) goes unused, so is not built."""
+        return self._glm_memory_sync()
+
+    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """``(public name -> tensor, PEFT config)`` on rank 0, None elsewhere (a collective: call on all ranks)."""
+        raise NotImplementedError
+
+    async def init_weight_sync_state(self, inference_engine_client: Any, inference_engine_cfg: Any) -> None:
+        if not self._glm_skips_transfer_engine():
+            return await super().init_weight_sync_state(inference_engine_client, inference_engine_cfg)  # type: ignore[misc]
+        self._weight_sync_inference_client = inference_engine_client
+        self._weight_sync_engine = None
+        torch.distributed.barrier()
+
+    async def broadcast_to_inference_engines(
+        self, inference_engine_client: Any, inference_engine_cfg: Any, model_id: str | None = None
+    ) -> None:
+        if not self._glm_memory_sync():
+            return await super().broadcast_to_inference_engines(  # type: ignore[misc]
+                inference_engine_client, inference_engine_cfg, model_id
+            )
+        client = inference_engine_client or self._weight_sync_inference_client
+        cache_reset = self._reset_prefix_cache_task(client, inference_engine_cfg)  # type: ignore[attr-defined]
+        lora_name, _ = self._resolve_lora_sync_target(model_id)  # type: ignore[attr-defined]
+        await self._glm_publish(client, lora_name)
+        if cache_reset is not None:
+            await cache_reset
+        torch.distributed.barrier()
+
+    def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
+        raise NotImplementedError
+
+    async def _glm_publish(self, client: Any, lora_name: str) -> None:
+        """One in-memory sync of the live adapter (all ranks; rank 0 publishes). A failure is raised only after
+        the barrier, so the other ranks are not left waiting in it."""
+        assert self._glm_sync is not None
+        adapter = self._glm_adapter()
+        result = None
+        if torch.distributed.get_rank() == 0 and adapter is not None:
+            self._glm_version += 1
+            result = await self._glm_send(client, lora_name, *adapter)
+            self._glm_last = {"ok": result.ok, "version": result.version, "reason": result.reason, **result.timings}
+        torch.distributed.barrier()
+        if result is not None and not result.ok:
+            raise RuntimeError(f"skyrl-glm LoRA sync of version {self._glm_version} failed: {result.reason}")
+
+    async def _glm_send(
+        self, client: Any, lora_name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]
+    ) -> UpdateResult:
+        assert self._glm_sync is not None
+        if self._glm_sync.fault == "no-publish" and self._glm_version > 1:
+            # Deliberately broken sync (skyrl_glm.sync.fault): report success, send nothing.
+            return UpdateResult(True, self._glm_version, reason="fault no-publish: nothing sent")
+        try:
+            if self._glm_publisher is None:
+                transport = registry().transport(self._glm_sync.transport)()
+                self._glm_publisher = ServerPublisher(
+                    client, transport, self._glm_sync.bucket_bytes, self._glm_sync.verify
+                )
+            return await self._glm_publisher.publish(tensors, config, lora_name, self._glm_version)
+        except Exception as e:  # noqa: BLE001 - reported after the barrier, with its reason
+            return UpdateResult(False, None, f"{type(e).__name__}: {e}")
+
+    def skyrl_glm_last_sync(self) -> dict[str, Any] | None:
+        """What the last in-memory sync reported (rank 0; None elsewhere or before the first)."""
+        return self._glm_last
+
+    # -- the check's access to the trainer's adapter -----------------------------------------------------
+    @staticmethod
+    def _local(p: torch.Tensor) -> torch.Tensor:
+        return p.to_local() if hasattr(p, "to_local") else p
+
+    @torch.no_grad()
+    def skyrl_glm_perturb_lora_b(self, scale: float) -> int:
+        """Back up every LoRA B shard, then add ``scale`` to every element (same result however it is sharded)."""
+        params = [self._local(p) for p in self._glm_lora_b_params()]
+        self._glm_backup = [p.detach().clone() for p in params]
+        for p in params:
+            p.add_(scale)
+        return len(params)
+
+    @torch.no_grad()
+    def skyrl_glm_restore_lora_b(self) -> int:
+        """Put back what :meth:`skyrl_glm_perturb_lora_b` saved (bit-exact); the optimizer state is untouched."""
+        backup, self._glm_backup = self._glm_backup or [], None
+        params = [self._local(p) for p in self._glm_lora_b_params()]
+        for p, saved in zip(params, backup, strict=True):
+            p.copy_(saved)
+        return len(backup)
+
+    @torch.no_grad()
+    def skyrl_glm_lora_b_max(self) -> float:
+        """max |B| over this rank's LoRA B shards (0.0 while the adapter is still at its initialisation)."""
+        return max((float(self._local(p).abs().max()) for p in self._glm_lora_b_params()), default=0.0)
