@@ -74,7 +74,9 @@ def _command_modules() -> list:
     from skyrl_glm.check import cli as check_cli
     from skyrl_glm.sync import bench
 
-    return [check_cli, bench]
+    from skyrl_glm import recipes_cli
+
+    return [check_cli, bench, recipes_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
