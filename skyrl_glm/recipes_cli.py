@@ -20,7 +20,9 @@ RAY_PORT = 6379
 
 
 def _error(message: str) -> int:
-    err_console.print(f"[bold red]error[/]: {message}", highlight=False, markup=True)
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
     return 2
 
 
