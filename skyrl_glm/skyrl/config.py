@@ -1,0 +1,336 @@
+"""The ``skyrl_glm`` section of a SkyRL training config, and the one loader for recipes.
+
+The typed config is SkyRL's ``SkyRLTrainConfig`` (built with SkyRL's ``make_config``, so its strict key
+checks stay) plus a top-level ``skyrl_glm`` section. A recipe is an OmegaConf YAML file in the same shape as
+the config; ``base: <file or packaged recipe name>`` composes recipes (the base is merged first, recursively),
+and ``key=value`` overrides are applied last. Every problem is one :class:`ConfigError` line naming the file
+(or ``command line``) and the dotted key.
+
+No ``from __future__ import annotations`` here: SkyRL's ``build_nested_dataclass`` reads ``field.type`` to find
+nested dataclasses, which must therefore be real classes, not strings.
+"""
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
+
+from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
+
+BASE_KEY = "base"
+COMMAND_LINE = "command line"
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+class ConfigError(ValueError):
+    """A recipe or an override is unusable; the message is one line naming the file and the key."""
+
+
+def _choice(key: str, value: Any, allowed: Sequence[Any]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: must be one of {'|'.join(map(str, allowed))}, got {value!r}")
+
+
+def _literal_values(cls: type, name: str) -> tuple[Any, ...]:
+    return typing.get_args(typing.get_type_hints(cls)[name])
+
+
+@dataclass
+class SyncSection:
+    """How the trainer's LoRA reaches vLLM inside SkyRL's loop."""
+
+    mode: Literal["memory", "disk"] = "memory"
+    """``memory``: skyrl-glm's plan -> transport -> receiver, no file written; ``disk``: SkyRL's own PEFT-file sync."""
+    transport: Literal["auto", "nccl", "ipc", "cpu"] = "auto"
+    """``auto``: ``cpu`` (shared memory) in CPU mode, ``ipc`` when colocated, else ``nccl``."""
+    verify: bool = True
+    """Receiver checks checksums and finiteness of every tensor (structure is always checked)."""
+    bucket_mb: int = DEFAULT_BUCKET_BYTES >> 20
+    """Packed bucket size on the transport, MiB."""
+    fault: Literal["none", "no-publish"] = "none"
+    """Deliberately break the sync (for tests of the check): ``no-publish`` reports success after the first sync
+    and sends nothing, so the sampler goes stale."""
+
+    def __post_init__(self) -> None:
+        for name in ("mode", "transport", "fault"):
+            _choice(f"skyrl_glm.sync.{name}", getattr(self, name), _literal_values(SyncSection, name))
+        if self.bucket_mb < 1:
+            raise ConfigError(f"skyrl_glm.sync.bucket_mb: must be >= 1, got {self.bucket_mb}")
+
+    @property
+    def bucket_bytes(self) -> int:
+        return self.bucket_mb << 20
+
+
+@dataclass
+class CheckSection:
+    """The five-step handoff check on the live trainer and sampler.
+
+    Logprobs are compared at temperature 1.0 whatever the run samples at: vLLM reports raw (pre-temperature)
+    logprobs and SkyRL's trainer divides logits by ``trainer.algorithm.temperature``, so the check sets the
+    trainer's temperature to 1.0 while it scores and restores it afterwards.
+    """
+
+    before_training: bool = True
+    """Run the full five-step check after the initial sync, before step 1."""
+    every_n_syncs: int = 1
+    """After every N-th training sync, an agree check (steps 1 and 5 only) on fresh probes; 0 turns it off."""
+    on_failure: Literal["abort", "warn"] = "abort"
+    """``abort``: stop training with the report and a non-zero exit; ``warn``: log the report and go on."""
+    num_probes: int = 2
+    probe_length: int = 24
+    prompt_length: int = 8
+    decode_tokens: int = 4
+    seed: int = 0
+    mean_tol: float = 0.05
+    max_tol: float = 0.5
+    repeat_tol: float = 1e-6
+    scale: float = 0.05
+    """Perturbation of the trainer's LoRA B in step 2 (added to every element)."""
+    decode: bool = True
+
+    def __post_init__(self) -> None:
+        _choice("skyrl_glm.check.on_failure", self.on_failure, _literal_values(CheckSection, "on_failure"))
+        for name in ("every_n_syncs", "num_probes", "probe_length", "prompt_length", "decode_tokens"):
+            if getattr(self, name) < (0 if name == "every_n_syncs" else 1):
+                raise ConfigError(f"skyrl_glm.check.{name}: must be positive, got {getattr(self, name)}")
+        if self.prompt_length >= self.probe_length:
+            raise ConfigError(
+                f"skyrl_glm.check.prompt_length: must be < probe_length ({self.probe_length}), got {self.prompt_length}"
+            )
+
+
+@dataclass
+class GlmSection:
+    """Everything skyrl-glm adds to a SkyRL config: ``skyrl_glm.sync``, ``skyrl_glm.check``, ``skyrl_glm.cpu``."""
+
+    sync: SyncSection = field(default_factory=SyncSection)
+    check: CheckSection = field(default_factory=CheckSection)
+    cpu: bool = False
+    """Run SkyRL's loop on CPU (logical Ray GPUs, CUDA assumptions lifted: skyrl_glm.skyrl.cpu). Never implicit."""
+
+
+def make_glm_config(
+    algorithm_cls: type[AlgorithmConfig] | None = None,
+    trainer_cls: type[TrainerConfig] | None = None,
+    generator_cls: type[GeneratorConfig] | None = None,
+) -> type[SkyRLTrainConfig]:
+    """SkyRL's ``make_config`` (custom algorithm/trainer/generator sections) plus the ``skyrl_glm`` section."""
+    base = make_config(algorithm_cls=algorithm_cls, trainer_cls=trainer_cls, generator_cls=generator_cls)
+    namespace = {"__annotations__": {"skyrl_glm": GlmSection}, "skyrl_glm": field(default_factory=GlmSection)}
+    return dataclass(type("SkyRLGlmConfig", (base,), namespace))
+
+
+SkyRLGlmConfig = make_glm_config()
+
+
+# -- recipes ---------------------------------------------------------------------------------------
+
+
+def packaged_data(name: str) -> str:
+    """Path of a data file shipped in the package; recipes use it as ``${skyrl_glm_data:<file>}``."""
+    path = resources.files("skyrl_glm") / "data" / name
+    if "/" in name or not path.is_file():
+        raise ConfigError(f"skyrl_glm_data:{name}: no such packaged data file")
+    return str(path)
+
+
+OmegaConf.register_resolver("skyrl_glm_data", packaged_data, replace=True)
+
+
+def packaged_recipes() -> list[str]:
+    """Names of the recipes shipped in the package (``skyrl_glm/recipes/<name>.yaml``)."""
+    root = resources.files("skyrl_glm") / "recipes"
+    return sorted(p.name.rsplit(".", 1)[0] for p in root.iterdir() if p.name.endswith(RECIPE_SUFFIXES))
+
+
+def resolve_recipe(name: str | Path, relative_to: Path | None = None) -> Path:
+    """A recipe file: a path (relative to ``relative_to`` or the working directory), else a packaged name."""
+    path = Path(name)
+    candidate = (relative_to / path) if relative_to is not None and not path.is_absolute() else path
+    if candidate.is_file():
+        return candidate
+    stem = path.name.removesuffix(path.suffix) if path.suffix in RECIPE_SUFFIXES else path.name
+    if path.parent == Path("."):
+        packaged = resources.files("skyrl_glm") / "recipes" / f"{stem}.yaml"
+        if packaged.is_file():
+            return Path(str(packaged))
+    raise ConfigError(f"{name}: no such recipe file, and no packaged recipe of that name ({packaged_recipes()})")
+
+
+def _read_recipe(path: Path, chain: tuple[Path, ...]) -> list[tuple[str, DictConfig]]:
+    """The layers of one recipe, its bases first."""
+    if path.resolve() in chain:
+        raise ConfigError(f"{path}: {BASE_KEY}: circular composition ({' -> '.join(map(str, chain + (path,)))})")
+    try:
+        layer = OmegaConf.load(path)
+    except (OSError, OmegaConfBaseException, ValueError) as e:
+        raise ConfigError(f"{path}: unreadable YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(layer, DictConfig):
+        raise ConfigError(f"{path}: a recipe must be a mapping of config sections, got {type(layer).__name__}")
+    layers: list[tuple[str, DictConfig]] = []
+    if BASE_KEY in layer:
+        base = layer.pop(BASE_KEY)
+        if not isinstance(base, str) or not base:
+            raise ConfigError(f"{path}: {BASE_KEY}: must be a file or a packaged recipe name, got {base!r}")
+        try:
+            base_path = resolve_recipe(base, relative_to=path.parent)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {BASE_KEY}: {e}") from None
+        layers += _read_recipe(base_path, chain + (path.resolve(),))
+    return [*layers, (str(path), layer)]
+
+
+def _override_layer(overrides: Iterable[str]) -> DictConfig:
+    items = list(overrides)
+    for item in items:
+        key = item.split("=", 1)[0]
+        if "=" not in item or not key:
+            raise ConfigError(f"{COMMAND_LINE}: {item!r}: overrides are key=value (e.g. trainer.epochs=2)")
+        if key.startswith("+"):
+            raise ConfigError(f"{COMMAND_LINE}: {key}: the '+' prefix is not supported; every key is in the schema")
+    try:
+        return OmegaConf.from_cli(items)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{COMMAND_LINE}: {str(e).splitlines()[0]}") from None
+
+
+# -- schema checks ---------------------------------------------------------------------------------
+
+
+def _dataclass_of(hint: Any) -> type | None:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        found = [c for a in typing.get_args(hint) if (c := _dataclass_of(a)) is not None]
+        return found[0] if found else None
+    if origin is typing.Annotated:
+        return _dataclass_of(typing.get_args(hint)[0])
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
+def _scalar_problem(hint: Any, value: Any) -> str | None:
+    """Why ``value`` cannot be a ``hint`` (only plain scalars and Literals are checked), or None."""
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return None if value in args else f"must be one of {'|'.join(map(str, args))}, got {value!r}"
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None and type(None) in args:
+            return None
+        problems = [_scalar_problem(a, value) for a in args if a is not type(None)]
+        return None if any(p is None for p in problems) else problems[0]
+    if hint is bool:
+        return None if isinstance(value, bool) else f"expected true/false, got {value!r}"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else f"expected an integer, got {value!r}"
+    if hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if ok else f"expected a number, got {value!r}"
+    if hint is str:
+        return None if isinstance(value, str) else f"expected a string, got {value!r}"
+    return None
+
+
+def _check_keys(cls: type, node: Mapping[str, Any], source: str, prefix: str = "") -> None:
+    """Every key of ``node`` exists in the dataclass ``cls`` and every plain scalar has its type."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"{source}: {dotted}: unknown key (valid here: {', '.join(sorted(names))})")
+        hint = hints[key]
+        nested = _dataclass_of(hint)
+        if nested is not None and isinstance(value, Mapping):
+            _check_keys(nested, value, source, f"{dotted}.")
+        elif nested is not None and value is not None:
+            raise ConfigError(f"{source}: {dotted}: expected a section (mapping), got {value!r}")
+        elif isinstance(value, str | int | float | bool) and (problem := _scalar_problem(hint, value)):
+            raise ConfigError(f"{source}: {dotted}: {problem}")
+
+
+def _flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted leaves (a dict value with keys becomes dotted keys; lists and empty dicts stay values)."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _source_of(layers: list[tuple[str, DictConfig]], message: str, default: str) -> str:
+    """The last layer that sets the dotted key a message starts with (where the user must fix it)."""
+    key = message.split(":", 1)[0]
+    for source, layer in reversed(layers):
+        if OmegaConf.select(layer, key, default=None) is not None:
+            return source
+    return default
+
+
+def _container(layer: DictConfig, source: str) -> dict[str, Any]:
+    try:
+        return typing.cast(dict[str, Any], OmegaConf.to_container(layer, resolve=True))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{source}: {str(e).splitlines()[0]}") from None
+
+
+def load_config(
+    recipe: str | Path | None,
+    overrides: Iterable[str] = (),
+    config_cls: type[SkyRLTrainConfig] = SkyRLGlmConfig,
+) -> SkyRLTrainConfig:
+    """The typed config of ``recipe`` (a YAML file or a packaged recipe name; None: defaults only) with
+    ``overrides`` (``key=value``) applied; ``skyrl_glm.cpu=true`` adds the CPU-mode settings first."""
+    from skyrl_glm.skyrl import cpu
+
+    layers = _read_recipe(resolve_recipe(recipe), ()) if recipe is not None else []
+    layers.append((COMMAND_LINE, _override_layer(overrides)))
+    for source, layer in layers:
+        _check_keys(config_cls, _container(layer, source), source)
+    try:
+        merged = OmegaConf.merge(*(layer for _, layer in layers)) if layers else OmegaConf.create()
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{recipe}: cannot merge the recipe layers: {str(e).splitlines()[0]}") from None
+    where = str(recipe) if recipe is not None else COMMAND_LINE
+    values = _container(merged, where)
+    if OmegaConf.select(merged, "skyrl_glm.cpu", default=False) is True:
+        try:
+            values = cpu.apply_settings(values)
+        except ValueError as e:
+            raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None
+    try:
+        return config_cls.from_cli_overrides(_flatten(values))
+    except ConfigError as e:
+        raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None
+    except (ValueError, TypeError, AssertionError, OmegaConfBaseException) as e:
+        raise ConfigError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def config_yaml(cfg: SkyRLTrainConfig) -> str:
+    """The full resolved config as YAML (what a run used)."""
+    return OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(cfg)))
+
+
+__all__ = [
+    "CheckSection",
+    "ConfigError",
+    "GlmSection",
+    "SkyRLGlmConfig",
+    "SyncSection",
+    "config_yaml",
+    "load_config",
+    "make_glm_config",
+    "packaged_data",
+    "packaged_recipes",
+    "resolve_recipe",
+]

@@ -1,0 +1,251 @@
+"""CPU mode (``skyrl_glm.cpu=true``): SkyRL 0.4's training loop on a machine without CUDA.
+
+Everything CPU mode changes is here, and nothing here runs unless a config asks for it:
+
+- :data:`REQUIRED` / :data:`DEFAULTS`: config settings (``apply_settings``, called by the recipe loader);
+- :func:`ray_init_kwargs`: Ray with *logical* GPUs (SkyRL's actors and placement groups ask for GPUs), and
+  :func:`install` as the worker-process setup hook so every Ray worker gets the patches;
+- :func:`install`: runtime patches of SkyRL's CUDA assumptions, applied when the patched module is first
+  imported (no installed file is edited).
+
+Each lifted assumption, with the SkyRL file and line it comes from, is tabled in ``docs/skyrl.md``.
+Facts from the CPU probe of SkyRL 0.4.0 (shared/probes/skyrl-cpu/FINDINGS.md).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+SETUP_HOOK = f"{__name__}.install"
+VLLM_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
+LOGICAL_GPUS = 2  # one policy worker + one vLLM engine, each on its own logical GPU
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    value: Any
+    why: str
+
+
+REQUIRED = (
+    Setting("trainer.placement.colocate_all", False, "colocation needs vLLM sleep mode, which vLLM's CPU build lacks"),
+    Setting("trainer.flash_attn", False, "no flash-attention kernels on CPU"),
+    Setting("trainer.remove_microbatch_padding", False, "padding-free micro-batches assert flash-attention 2"),
+    Setting(
+        "generator.inference_engine.engine_init_kwargs.worker_cls",
+        VLLM_CPU_WORKER,
+        "SkyRL's server actor forces vLLM's CUDA worker class unless one is given",
+    ),
+)
+DEFAULTS = (
+    Setting("trainer.logger", "console", "wandb needs an API key"),
+    Setting("trainer.enable_ray_gpu_monitor", False, "there is no GPU to monitor"),
+    Setting("trainer.gradient_checkpointing", False, "tiny CPU models do not need it"),
+    Setting("trainer.algorithm.use_kl_loss", False, "no reference model: one logical GPU fewer"),
+    Setting("trainer.placement.policy_num_gpus_per_node", 1, "GPU counts > 1 trigger CUDA peer-access probing"),
+    Setting("generator.inference_engine.num_engines", 1, "one engine per logical GPU"),
+    Setting("generator.inference_engine.tensor_parallel_size", 1, "GPU counts > 1 trigger CUDA peer-access probing"),
+    Setting("generator.inference_engine.distributed_executor_backend", "mp", "a Ray executor would ask for GPUs"),
+    Setting("generator.inference_engine.enable_ray_prometheus_stats", False, "no metrics server needed"),
+    Setting("generator.inference_engine.gpu_memory_utilization", 0.1, "on vLLM CPU this is a fraction of host RAM"),
+    Setting(
+        "generator.inference_engine.engine_init_kwargs.enforce_eager",
+        True,
+        "SkyRL turns eager mode off when LoRA is on; torch.compile on CPU costs minutes",
+    ),
+)
+
+
+def _get(values: dict[str, Any], key: str) -> Any:
+    node: Any = values
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _set(values: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = values
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def apply_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (the merged recipe, nested) with CPU mode's settings: a required one the recipe contradicts is
+    an error; a default fills a key the recipe left unset."""
+    for s in REQUIRED:
+        current = _get(values, s.key)
+        if current is not None and current != s.value:
+            raise ValueError(f"{s.key}: skyrl_glm.cpu=true needs {s.value!r} ({s.why}), got {current!r}")
+        _set(values, s.key, s.value)
+    for s in DEFAULTS:
+        if _get(values, s.key) is None:
+            _set(values, s.key, s.value)
+    return values
+
+
+def runtime_env_vars() -> dict[str, str]:
+    """Environment for every Ray worker in CPU mode (vLLM's CPU KV cache in GiB; keep it small)."""
+    return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+
+
+def ray_init_kwargs(env_vars: dict[str, str]) -> dict[str, Any]:
+    """``ray.init`` arguments: logical GPUs (SkyRL's ``initialize_ray`` passes none, so Ray would see 0) and the
+    patch installer as the worker setup hook."""
+    return {
+        "num_gpus": LOGICAL_GPUS,
+        "runtime_env": {"env_vars": {**env_vars, **runtime_env_vars()}, "worker_process_setup_hook": SETUP_HOOK},
+    }
+
+
+# -- runtime patches -------------------------------------------------------------------------------
+
+_AFTER_IMPORT: dict[str, list[Callable[[types.ModuleType], None]]] = {}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs the registered patches of a module right after the module executes (first import only)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _AFTER_IMPORT:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        run_module = loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            run_module(module)
+            for patch in _AFTER_IMPORT.pop(fullname, []):
+                patch(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _after_import(module_name: str) -> Callable[[Callable[[types.ModuleType], None]], Callable[..., None]]:
+    def register(patch: Callable[[types.ModuleType], None]) -> Callable[..., None]:
+        if module_name in sys.modules:
+            patch(sys.modules[module_name])
+        else:
+            _AFTER_IMPORT.setdefault(module_name, []).append(patch)
+        return patch
+
+    return register
+
+
+def _cuda_missing(torch: types.ModuleType) -> bool:
+    return not torch.cuda.is_available()
+
+
+def _patch_torch(torch: types.ModuleType) -> None:
+    if not _cuda_missing(torch):
+        return
+    # fsdp_strategy.py:109,132,146,452 and worker.py:451: set_device / synchronize raise without CUDA.
+    torch.cuda.set_device = lambda *args, **kwargs: None
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    # worker.py:1090,1384,1473,... and fsdp_utils.py:52,83,249: tensors go to ``torch.cuda.current_device()``.
+    torch.cuda.current_device = lambda: "cpu"
+    # fsdp_utils.py:125 ``_sync_non_persistent_buffers`` moves buffers with ``.cuda()``.
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+
+
+def _patch_distributed(distributed: types.ModuleType) -> None:
+    # worker.py:124: ``init_process_group(backend="cpu:gloo,cuda:nccl")``; NCCL refuses to start without GPUs.
+    init_process_group = distributed.init_process_group
+
+    def gloo_process_group(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if _cuda_missing(torch) and "nccl" in str(kwargs.get("backend", "")):
+            kwargs["backend"] = "gloo"
+        return init_process_group(*args, **kwargs)
+
+    distributed.init_process_group = gloo_process_group
+
+
+def _patch_device_mesh(device_mesh: types.ModuleType) -> None:
+    # worker.py:134 and fsdp_utils.py:256: ``init_device_mesh("cuda", ...)``.
+    init_device_mesh = device_mesh.init_device_mesh
+
+    def cpu_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if _cuda_missing(torch) and device_type == "cuda":
+            device_type = "cpu"
+        return init_device_mesh(device_type, *args, **kwargs)
+
+    device_mesh.init_device_mesh = cpu_device_mesh
+
+
+def unpad_input(
+    hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """flash-attn's ``bert_padding.unpad_input`` in plain torch: keep the tokens the mask selects."""
+    import torch
+    import torch.nn.functional as F
+
+    mask = attention_mask if unused_mask is None else attention_mask + unused_mask
+    seqlens = mask.sum(dim=-1, dtype=torch.int32)
+    used = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    cu_seqlens = F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, int(seqlens.max().item()), used
+
+
+def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """flash-attn's ``bert_padding.pad_input`` in plain torch: scatter tokens back into a padded batch."""
+    import torch
+
+    out = torch.zeros(batch * seqlen, *hidden_states.shape[1:], dtype=hidden_states.dtype, device=hidden_states.device)
+    out[indices] = hidden_states
+    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
+
+
+def _provide_bert_padding() -> None:
+    """model_wrapper.py:13 imports ``flash_attn.bert_padding`` unconditionally (even with flash_attn=false)."""
+    if "flash_attn" in sys.modules or importlib.util.find_spec("flash_attn") is not None:
+        return
+    package = types.ModuleType("flash_attn")
+    package.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None, is_package=True)
+    package.__path__ = []
+    padding = types.ModuleType("flash_attn.bert_padding")
+    padding.__spec__ = importlib.machinery.ModuleSpec("flash_attn.bert_padding", None)
+    padding.pad_input = pad_input  # type: ignore[attr-defined]
+    padding.unpad_input = unpad_input  # type: ignore[attr-defined]
+    package.bert_padding = padding  # type: ignore[attr-defined]
+    sys.modules.update({"flash_attn": package, "flash_attn.bert_padding": padding})
+
+
+_installed = False
+
+
+def install() -> None:
+    """Apply CPU mode's patches in this process (idempotent). Also the Ray worker-process setup hook."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    os.environ.update(runtime_env_vars())
+    _provide_bert_padding()
+    sys.meta_path.insert(0, _AfterImport())
+    _after_import("torch")(_patch_torch)
+    _after_import("torch.distributed")(_patch_distributed)
+    _after_import("torch.distributed.device_mesh")(_patch_device_mesh)
