@@ -71,10 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommands that live beside the code they run (each module has ``add_parser(subparsers)``).
 def _command_modules() -> list:
+    from skyrl_glm import recipes_cli
     from skyrl_glm.check import cli as check_cli
     from skyrl_glm.sync import bench
-
-    from skyrl_glm import recipes_cli
 
     return [check_cli, bench, recipes_cli]
 

@@ -26,6 +26,24 @@ def _error(message: str) -> int:
     return 2
 
 
+def _quiet(args: argparse.Namespace | None) -> None:
+    """Building SkyRL's config imports vLLM and SkyRL's loguru logging; keep their start-up chatter out of the
+    output unless ``-v``."""
+    if args is not None and getattr(args, "verbose", False):
+        return
+    import logging
+    import os
+    import sys
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    for name in ("vllm", "torch.utils.cpp_extension"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+
+
 def _config_errors() -> tuple[type[Exception], ...]:
     from skyrl_glm.skyrl.config import ConfigError
 
@@ -92,6 +110,7 @@ def _layout_line(cfg: Any) -> str:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    _quiet(args)
     from rich.table import Table
 
     from skyrl_glm.skyrl.config import packaged_recipes, resolve_recipe
@@ -103,7 +122,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
         path = resolve_recipe(name)
         try:
             cfg = build(name, [])
-            model, hardware = str(cfg.trainer.policy.model.path), _hardware_line(cfg)
+            model = cfg.trainer.policy.model.path
+            hardware = _hardware_line(cfg) if model else "-"
+            model = model or "(a base for other recipes)"
         except _config_errors() as e:
             model, hardware = "-", f"does not build: {e}"
         table.add_row(name, model, hardware, _first_comment(path))
@@ -124,6 +145,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    _quiet(args)
     try:
         cfg = build(args.recipe, args.overrides)
     except _config_errors() as e:
@@ -148,11 +170,12 @@ def launch_commands(recipe: str, overrides: list[str], cfg: Any) -> dict[str, li
     return {"single node": [train], f"multi-node Ray ({nodes} nodes)": multi}
 
 
-def dry_run(recipe: str, overrides: list[str]) -> int:
+def dry_run(recipe: str, overrides: list[str], args: argparse.Namespace | None = None) -> int:
     """``skyrl-glm train RECIPE [k=v ...] --dry-run``: the resolved config, the hardware and the launch commands;
     nothing is started (no Ray, no engine, no model load)."""
     from skyrl_glm.skyrl.config import config_yaml
 
+    _quiet(args)
     try:
         cfg = build(recipe, overrides)
     except _config_errors() as e:
@@ -209,7 +232,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    recipes = sub.add_parser("recipes", help="packaged training recipes").add_subparsers(dest="recipes_cmd", required=True)
+    recipes = sub.add_parser("recipes", help="packaged training recipes").add_subparsers(
+        dest="recipes_cmd", required=True
+    )
     recipes.add_parser("list", help="the packaged recipes, their model and hardware").set_defaults(func=_cmd_list)
     show = recipes.add_parser("show", help="print a recipe file")
     show.add_argument("recipe", help="packaged recipe name or YAML file")

@@ -25,8 +25,9 @@ class GlmMathEnv(BaseTextEnv):
         extras = extras or {}
         reward_model = extras.get("reward_model")
         if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-            raise ValueError(f"{ENV_ID} needs extras['reward_model']['ground_truth'] (prepare data with "
-                             "`skyrl-glm data prepare`)")
+            raise ValueError(
+                f"{ENV_ID} needs extras['reward_model']['ground_truth'] (prepare data with `skyrl-glm data prepare`)"
+            )
         self.ground_truth = str(reward_model["ground_truth"])
         self._correct: bool | None = None
 

@@ -130,8 +130,14 @@ def print_table(points: list[EvalPoint], console) -> None:
     for p in points:
         length = "-" if p.mean_length is None else f"{p.mean_length:,.0f}"
         table.add_row(
-            str(p.step), p.data_source, str(p.prompts), f"{p.samples_per_prompt:g}", f"{p.accuracy:.1%}",
-            f"{p.pass_at_n:.1%}", length, f"{p.cap_share:.1%}",
+            str(p.step),
+            p.data_source,
+            str(p.prompts),
+            f"{p.samples_per_prompt:g}",
+            f"{p.accuracy:.1%}",
+            f"{p.pass_at_n:.1%}",
+            length,
+            f"{p.cap_share:.1%}",
         )
     console.print(table)
 

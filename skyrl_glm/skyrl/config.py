@@ -11,6 +11,7 @@ nested dataclasses, which must therefore be real classes, not strings.
 """
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
 
+from skyrl_glm.skyrl.hardware import HardwareConfig
+from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 
 BASE_KEY = "base"
@@ -114,6 +117,8 @@ class GlmSection:
 
     sync: SyncSection = field(default_factory=SyncSection)
     check: CheckSection = field(default_factory=CheckSection)
+    overlong: OverlongPenaltyConfig = field(default_factory=OverlongPenaltyConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cpu: bool = False
     """Run SkyRL's loop on CPU (logical Ray GPUs, CUDA assumptions lifted: skyrl_glm.skyrl.cpu). Never implicit."""
 
@@ -246,14 +251,18 @@ def _check_keys(cls: type, node: Mapping[str, Any], source: str, prefix: str = "
     for key, value in node.items():
         dotted = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"{source}: {dotted}: unknown key (valid here: {', '.join(sorted(names))})")
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"did you mean {prefix}{near[0]}?" if near else f"valid here: {', '.join(sorted(names))}"
+            raise ConfigError(f"{source}: {dotted}: unknown key ({hint})")
         hint = hints[key]
         nested = _dataclass_of(hint)
         if nested is not None and isinstance(value, Mapping):
             _check_keys(nested, value, source, f"{dotted}.")
         elif nested is not None and value is not None:
             raise ConfigError(f"{source}: {dotted}: expected a section (mapping), got {value!r}")
-        elif isinstance(value, str | int | float | bool) and (problem := _scalar_problem(hint, value)):
+        elif (isinstance(value, str | int | float | bool) or hint in (int, float, bool)) and (
+            problem := _scalar_problem(hint, value)
+        ):
             raise ConfigError(f"{source}: {dotted}: {problem}")
 
 

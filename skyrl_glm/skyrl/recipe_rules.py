@@ -20,9 +20,7 @@ def unsafe_megatron_targets(targets: Any, sampler: str = "vllm") -> list[str]:
         return []
     found = []
     for name in targets:
-        matches = [
-            t for fam in registry().models.values() for t in fam.lora.targets if t.megatron == name
-        ]
+        matches = [t for fam in registry().models.values() for t in fam.lora.targets if t.megatron == name]
         if matches and all(sampler in t.unsupported for t in matches):
             found.append(f"{name} ({matches[0].hf}): {matches[0].unsupported[sampler]}")
     return found
