@@ -38,6 +38,11 @@ class Hookspecs:
     def skyrl_glm_scorers(self) -> list[tuple[str, Callable[..., Any]]]:
         """Handoff-check scorers as ``(name, factory)``; names are ``trainer:<x>`` or ``sampler:<x>``."""
 
+    @hookspec
+    def skyrl_glm_skyrl_workers(self) -> list[tuple[str, Callable[[], tuple[Any, Any, Any]]]]:
+        """SkyRL worker classes per ``trainer.strategy`` as ``(strategy, factory)``; the factory returns the
+        ``(PolicyWorker, CriticWorker, RefWorker)`` Ray actor classes (imported when called, not at registration)."""
+
 
 class RegistryError(LookupError):
     """A name is unknown, or two plugins registered the same name."""
@@ -48,6 +53,7 @@ class Registry:
     models: dict[str, ModelFamily]
     transports: dict[str, type[Transport]]
     scorers: dict[str, Callable[..., Any]]
+    skyrl_workers: dict[str, Callable[[], tuple[Any, Any, Any]]]
 
     def model(self, name: str) -> ModelFamily:
         return _lookup(self.models, name, "model family")
@@ -67,6 +73,9 @@ class Registry:
 
     def scorer(self, name: str) -> Callable[..., Any]:
         return _lookup(self.scorers, name, "scorer")
+
+    def skyrl_worker_classes(self, strategy: str) -> tuple[Any, Any, Any]:
+        return _lookup(self.skyrl_workers, strategy, "SkyRL worker strategy")()
 
 
 def _lookup[T](table: dict[str, T], name: str, what: str) -> T:
@@ -103,6 +112,7 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
         models=models,
         transports=_merge(hook.skyrl_glm_transports(), "transport"),
         scorers=_merge(hook.skyrl_glm_scorers(), "scorer"),
+        skyrl_workers=_merge(hook.skyrl_glm_skyrl_workers(), "SkyRL worker strategy"),
     )
 
 

@@ -94,12 +94,26 @@ def _minus(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
     return [[x - y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
 
 
-def _decode_diff(trainer: TrainerScorer, sampler: SamplerScorer, probes: Probes) -> Diff:
+def decode_diff(trainer: TrainerScorer, sampler: SamplerScorer, probes: Probes) -> Diff:
     """Sampler's logprobs of its own greedy tokens vs the trainer's logprobs of the same tokens."""
     gens = sampler.generate(probes.prompts, probes.decode_tokens)
     full = [p + toks for p, (toks, _) in zip(probes.prompts, gens, strict=True)]
     trainer_lp = [lp[-len(toks) :] for lp, (toks, _) in zip(trainer.score(full), gens, strict=True)]
     return Diff.between(trainer_lp, [lps for _, lps in gens])
+
+
+def judge_agreement(
+    step: int, name: str, prefill: Diff, decode: Diff | None, config: CheckConfig, seconds: float
+) -> StepResult:
+    """An agree step's verdict: every measured path within the mean and max tolerances."""
+    measured = [(d, label) for d, label in ((prefill, "prefill"), (decode, "decode")) if d is not None]
+    bad = [
+        f"{lbl} mean {d.mean:.4g} max {d.max:.4g}"
+        for d, lbl in measured
+        if d.mean > config.mean_tol or d.max > config.max_tol
+    ]
+    detail = "; ".join(bad) if bad else f"within mean<={config.mean_tol}, max<={config.max_tol}"
+    return StepResult(step, name, not bad, detail, seconds, prefill, decode)
 
 
 def run_check(
@@ -115,13 +129,8 @@ def run_check(
 
     def agree(step: int, name: str, t0: float, trainer_lp: list[list[float]], sampler_lp: list[list[float]]) -> None:
         pre = Diff.between(trainer_lp, sampler_lp)
-        dec = _decode_diff(trainer, sampler, probes) if cfg.decode else None
-        ok = [(d, label) for d, label in ((pre, "prefill"), (dec, "decode")) if d is not None]
-        bad = [
-            f"{lbl} mean {d.mean:.4g} max {d.max:.4g}" for d, lbl in ok if d.mean > cfg.mean_tol or d.max > cfg.max_tol
-        ]
-        detail = "; ".join(bad) if bad else f"within mean<={cfg.mean_tol}, max<={cfg.max_tol}"
-        record(StepResult(step, name, not bad, detail, time.perf_counter() - t0, pre, dec))
+        dec = decode_diff(trainer, sampler, probes) if cfg.decode else None
+        record(judge_agreement(step, name, pre, dec, cfg, time.perf_counter() - t0))
 
     def record(result: StepResult) -> None:
         report.steps.append(result)
@@ -168,7 +177,7 @@ def run_check(
         if detectable
         else f"perturbation NOT detectable: mean {stale.mean:.4g} <= {cfg.mean_tol} (raise the scale)"
     )
-    dec = _decode_diff(trainer, sampler, probes) if cfg.decode else None
+    dec = decode_diff(trainer, sampler, probes) if cfg.decode else None
     record(StepResult(3, "stale must disagree", detectable, detail, time.perf_counter() - t0, stale, dec))
 
     # Step 4: publish through the real sync path.

@@ -137,6 +137,45 @@ def make_glm_config(
 SkyRLGlmConfig = make_glm_config()
 
 
+def resolved_transport(cfg: Any) -> str:
+    """``skyrl_glm.sync.transport`` with ``auto`` resolved: shared memory on CPU, CUDA IPC when colocated, else NCCL."""
+    transport = cfg.skyrl_glm.sync.transport
+    if transport != "auto":
+        return transport
+    return "cpu" if cfg.skyrl_glm.cpu else ("ipc" if cfg.trainer.placement.colocate_all else "nccl")
+
+
+def check_consistency(cfg: Any) -> None:
+    """Combinations of ``skyrl_glm`` keys with SkyRL keys that cannot work; one :class:`ConfigError` each."""
+    glm, trainer = cfg.skyrl_glm, cfg.trainer
+    lora = trainer.policy.model.lora.rank > 0
+    if glm.sync.mode == "memory" and not lora:
+        raise ConfigError("skyrl_glm.sync.mode: memory syncs a LoRA adapter; set trainer.policy.model.lora.rank > 0")
+    if glm.sync.mode == "memory" and trainer.strategy == "megatron":
+        if trainer.policy.megatron_config.lora_config.merge_lora:
+            raise ConfigError(
+                "skyrl_glm.sync.mode: memory ships the adapter alone; set "
+                "trainer.policy.megatron_config.lora_config.merge_lora=false"
+            )
+    if glm.sync.mode == "memory" and resolved_transport(cfg) == "nccl":
+        raise ConfigError(
+            "skyrl_glm.sync.transport: nccl inside SkyRL needs a process group with the vLLM workers, which is not "
+            "built yet; use ipc (colocated), cpu (same host) or skyrl_glm.sync.mode=disk"
+        )
+    if glm.sync.fault != "none" and glm.sync.mode != "memory":
+        raise ConfigError(
+            "skyrl_glm.sync.fault: faults are injected into the memory sync; set skyrl_glm.sync.mode=memory"
+        )
+    if glm.check.before_training and not lora:
+        raise ConfigError(
+            "skyrl_glm.check.before_training: the check perturbs LoRA B; set trainer.policy.model.lora.rank > 0"
+        )
+    if glm.cpu and trainer.strategy != "fsdp":
+        raise ConfigError(
+            "skyrl_glm.cpu: SkyRL's Megatron worker needs Transformer Engine (CUDA); use trainer.strategy=fsdp"
+        )
+
+
 # -- recipes ---------------------------------------------------------------------------------------
 
 
@@ -318,7 +357,9 @@ def load_config(
         except ValueError as e:
             raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None
     try:
-        return config_cls.from_cli_overrides(_flatten(values))
+        cfg = config_cls.from_cli_overrides(_flatten(values))
+        check_consistency(cfg)
+        return cfg
     except ConfigError as e:
         raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None
     except (ValueError, TypeError, AssertionError, OmegaConfBaseException) as e:
@@ -332,6 +373,7 @@ def config_yaml(cfg: SkyRLTrainConfig) -> str:
 
 __all__ = [
     "CheckSection",
+    "check_consistency",
     "ConfigError",
     "GlmSection",
     "SkyRLGlmConfig",
@@ -342,4 +384,5 @@ __all__ = [
     "packaged_data",
     "packaged_recipes",
     "resolve_recipe",
+    "resolved_transport",
 ]

@@ -1,0 +1,131 @@
+"""The five-step check's trainer, sampler and publisher on a live SkyRL run (the protocols of
+:mod:`skyrl_glm.check.algorithm`).
+
+- trainer: the policy workers' own forward through SkyRL's ``WorkerDispatch.forward`` (the live PEFT model, its
+  LoRA included); LoRA B perturbed and restored by worker methods (:class:`~skyrl_glm.skyrl.workers.GlmSyncMixin`);
+- sampler: SkyRL's inference client ``sample()`` against the served adapter (prompt logprobs for prefill, greedy
+  tokens and their logprobs for decode);
+- publisher: the run's real weight sync (``save_weights_for_sampler``), whatever ``skyrl_glm.sync.mode`` is.
+
+The algorithm is synchronous and runs in a thread; the sampler and publisher hand their coroutines to the
+trainer's event loop (where SkyRL's HTTP client lives), which stays free while the check thread waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import ray
+import torch
+
+from skyrl_glm.sync.vllm_engine import UpdateResult
+
+
+class HandoffCheckFailed(RuntimeError):
+    """The handoff check failed with ``skyrl_glm.check.on_failure=abort``; the message is the report."""
+
+
+def _on_loop[T](loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+class LiveTrainer:
+    """Scores token sequences with the policy workers' forward pass, at the workers' current temperature."""
+
+    lora_config: dict[str, Any] = {}  # the live publisher reads the adapter from the workers themselves
+
+    def __init__(self, dispatch: Any, policy_group: Any, pad_token_id: int) -> None:
+        self.dispatch = dispatch
+        self.policy_group = policy_group
+        self.pad_token_id = pad_token_id
+
+    def adapter(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def _workers(self, method: str, *args: Any) -> list[Any]:
+        return ray.get(self.policy_group.async_run_ray_method("pass_through", method, *args))
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Logprob of tokens 1..n-1 of each sequence (SkyRL returns the last ``response_length`` of each
+        left-padded row, so a shorter row's slice is taken from the end)."""
+        from skyrl.backends.skyrl_train.training_batch import TrainingInputBatch
+
+        width = max(len(s) for s in sequences)
+        rows = list(sequences) + [sequences[0]] * (-len(sequences) % self.dispatch.get_lcm_dp_size())
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, s in enumerate(rows):
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
+        batch = TrainingInputBatch({"sequences": ids, "attention_mask": mask})
+        batch.metadata = {"response_length": width - 1}
+        out = self.dispatch.forward("policy", batch)
+        return [list(o["logprobs"][-(len(s) - 1) :]) for o, s in zip(out.loss_fn_outputs, sequences, strict=False)]
+
+    def perturb_lora_b(self, scale: float, seed: int = 0) -> int:
+        """Add ``scale`` to every element of LoRA B on every worker (a constant: the same under any sharding)."""
+        return int(self._workers("skyrl_glm_perturb_lora_b", scale)[0])
+
+    def restore_lora_b(self) -> int:
+        return int(self._workers("skyrl_glm_restore_lora_b")[0])
+
+    def lora_b_max(self) -> float:
+        return max(float(x) for x in self._workers("skyrl_glm_lora_b_max"))
+
+
+class LiveSampler:
+    """Scores and generates through SkyRL's inference client, on the served LoRA (``model``)."""
+
+    def __init__(self, client: Any, model: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self.model = model
+        self.loop = loop
+
+    async def _sample(self, prompt: list[int], max_tokens: int, prompt_logprobs: bool) -> dict[str, Any]:
+        return await self.client.sample(
+            {
+                "json": {
+                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
+                    "num_samples": 1,
+                    "model": self.model,
+                    "include_prompt_logprobs": prompt_logprobs,
+                    "sampling_params": {"temperature": 0.0, "max_tokens": max_tokens},
+                }
+            }
+        )
+
+    def _all(self, calls: list[Awaitable[dict[str, Any]]]) -> list[dict[str, Any]]:
+        async def gather() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*calls))
+
+        return _on_loop(self.loop, gather())
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        answers = self._all([self._sample(s, 1, True) for s in sequences])
+        return [list(a["prompt_logprobs"][1:]) for a in answers]
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
+        answers = self._all([self._sample(p, max_tokens, False) for p in prompts])
+        return [(list(a["sequences"][0]["tokens"]), list(a["sequences"][0]["logprobs"])) for a in answers]
+
+
+class LivePublisher:
+    """The run's own weight sync, awaited on the trainer's loop; the adapter arguments are not used (the workers
+    publish what they hold)."""
+
+    def __init__(self, sync: Callable[[], Coroutine[Any, Any, None]], loop: asyncio.AbstractEventLoop) -> None:
+        self.sync = sync
+        self.loop = loop
+        self.seconds: list[float] = []
+
+    def publish(self, adapter: Any, adapter_config: Any, version: int) -> UpdateResult:
+        t0 = time.perf_counter()
+        try:
+            _on_loop(self.loop, self.sync())
+        except Exception as e:  # noqa: BLE001 - a failed sync is the check's finding, reported in its step
+            return UpdateResult(False, None, f"{type(e).__name__}: {e}")
+        self.seconds.append(time.perf_counter() - t0)
+        return UpdateResult(True, version, timings={"sync_s": self.seconds[-1]})

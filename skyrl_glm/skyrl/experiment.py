@@ -1,0 +1,83 @@
+"""The SkyRL experiment of a skyrl-glm run: SkyRL's ``BasePPOExp`` with skyrl-glm's trainer, worker classes from
+the plugin registry, and (for the memory sync) skyrl-glm's vLLM worker extension on the servers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from skyrl.train.dataset import PromptDataset
+from skyrl.train.entrypoints.main_base import BasePPOExp
+
+from skyrl_glm.plugins import registry
+from skyrl_glm.skyrl.trainer import GlmPPOTrainer
+from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
+
+
+def _router_args_compat() -> None:
+    """vllm-router 0.1.17 (newest on PyPI) has no ``RouterArgs.pd_disaggregation``, which SkyRL 0.4 reads after
+    the router is up (vllm_router.py:128): default it to False, as older routers had it."""
+    try:
+        from vllm_router.router_args import RouterArgs
+    except ImportError:
+        return
+    if not hasattr(RouterArgs, "pd_disaggregation"):
+        RouterArgs.pd_disaggregation = False
+
+
+class GlmPPOExp(BasePPOExp):
+    def __init__(self, cfg: Any) -> None:
+        if cfg.skyrl_glm.sync.mode == "memory":
+            cfg.generator.inference_engine.engine_init_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        _router_args_compat()
+        super().__init__(cfg)
+
+    def run(self) -> dict[str, Any]:
+        """Train; returns the run's skyrl-glm summary (syncs with their seconds, the checks' numbers)."""
+        super().run()
+        return self.trainer.summary
+
+    def _prompts(self, files: list[str]) -> PromptDataset:
+        # SkyRL hard-codes 8 filtering processes (main_base.py:82); honour data.dataloader.num_workers instead.
+        return PromptDataset(
+            datasets=files,
+            tokenizer=self.tokenizer,
+            max_prompt_length=self.cfg.trainer.max_prompt_length,
+            num_workers=max(1, self.cfg.data.dataloader.num_workers),
+        )
+
+    def get_train_dataset(self) -> PromptDataset:
+        dataset = self._prompts(self.cfg.data.train_data)
+        if len(dataset) < self.cfg.trainer.train_batch_size:
+            raise ValueError(
+                f"the training set has {len(dataset)} prompts, fewer than trainer.train_batch_size="
+                f"{self.cfg.trainer.train_batch_size}"
+            )
+        return dataset
+
+    def get_eval_dataset(self) -> PromptDataset | None:
+        if self.cfg.trainer.eval_interval > 0 and self.cfg.data.val_data:
+            return self._prompts(self.cfg.data.val_data)
+        return None
+
+    def get_trainer(
+        self,
+        cfg: Any,
+        tracker: Any,
+        tokenizer: Any,
+        train_dataset: Any,
+        eval_dataset: Any,
+        inference_engine_client: Any,
+        generator: Any,
+        colocate_pg: Any,
+    ) -> GlmPPOTrainer:
+        return GlmPPOTrainer(
+            cfg=cfg,
+            tracker=tracker,
+            tokenizer=tokenizer,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            inference_engine_client=inference_engine_client,
+            generator=generator,
+            colocate_pg=colocate_pg,
+            worker_classes=registry().skyrl_worker_classes(cfg.trainer.strategy),
+        )

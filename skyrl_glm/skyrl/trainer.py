@@ -1,0 +1,219 @@
+"""SkyRL's ``RayPPOTrainer`` with skyrl-glm's sync settings handed to the workers and the handoff check run
+after the weight syncs.
+
+``train()`` syncs before step 1 and after every step through ``dispatch.save_weights_for_sampler``; wrapping that
+(from :meth:`GlmPPOTrainer.init_weight_sync_state`, which ``train()`` calls first) catches exactly those syncs
+without forking the loop. After the first sync the full five-step check runs; after every N-th later sync an
+agree check (step 1 alone) on fresh probes. A failed check aborts the run (:class:`HandoffCheckFailed`, with the
+report) or, with ``on_failure=warn``, is logged and training goes on. Numbers go to the log and to SkyRL's
+tracker (``skyrl_glm/*`` keys in the step's metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+from typing import Any
+
+import ray
+from rich.console import Console
+from skyrl.backends.skyrl_train.inference_servers.utils import resolve_policy_model_name
+from skyrl.train.trainer import RayPPOTrainer
+
+from skyrl_glm.check.algorithm import CheckConfig, CheckReport, Diff, StepResult, decode_diff, judge_agreement
+from skyrl_glm.check.algorithm import run_check as run_five_steps
+from skyrl_glm.check.probes import Probes, make_probes
+from skyrl_glm.check.report import print_table, to_dict
+from skyrl_glm.skyrl.check import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
+from skyrl_glm.skyrl.config import resolved_transport
+from skyrl_glm.skyrl.workers import WorkerSync
+
+log = logging.getLogger(__name__)
+
+CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits by its temperature
+
+
+def worker_sync(cfg: Any) -> WorkerSync:
+    """The workers' part of ``skyrl_glm.sync``."""
+    sync = cfg.skyrl_glm.sync
+    return WorkerSync(sync.mode, resolved_transport(cfg), sync.bucket_bytes, sync.fault)
+
+
+def _render(report: CheckReport) -> str:
+    out = io.StringIO()
+    print_table(report, Console(file=out, width=120, force_terminal=False))
+    return out.getvalue()
+
+
+class GlmPPOTrainer(RayPPOTrainer):
+    """The PPO trainer of a skyrl-glm run; ``worker_classes`` are the ``(policy, critic, ref)`` Ray actor classes
+    the experiment picked from the plugin registry."""
+
+    def __init__(self, *args: Any, worker_classes: tuple[Any, Any, Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.worker_classes = worker_classes
+
+    def build_models(self, PolicyWorker: Any, CriticWorker: Any, RefWorker: Any) -> None:  # noqa: N803 - SkyRL's names
+        # SkyRL's _setup_trainer passes its own hard-coded classes; the experiment's registry choice replaces them.
+        super().build_models(*self.worker_classes)
+
+    def init_weight_sync_state(self) -> None:
+        settings = worker_sync(self.cfg)
+        ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_configure", settings.to_dict()))
+        super().init_weight_sync_state()
+        self._glm_sync = self.dispatch.save_weights_for_sampler
+        self._glm_syncs = 0
+        self.summary: dict[str, Any] = {"sync_mode": self.cfg.skyrl_glm.sync.mode, "syncs": [], "agree": []}
+        self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
+
+    # -- the wrapped sync ------------------------------------------------------------------------------
+    async def _sync_then_check(self, model_id: str | None = None) -> None:
+        t0 = time.perf_counter()
+        await self._glm_sync(model_id)
+        seconds = time.perf_counter() - t0
+        self._glm_syncs += 1
+        mode = self.cfg.skyrl_glm.sync.mode
+        detail = ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_last_sync"))[0]
+        self.summary["syncs"].append({"seconds": seconds, **(detail or {})})
+        log.info(
+            "skyrl-glm sync %d (mode %s): %.3f s%s",
+            self._glm_syncs,
+            mode,
+            seconds,
+            f" {_short(detail)}" if detail and mode == "memory" else "",
+        )
+        self.all_metrics.update({"skyrl_glm/sync_s": seconds, "skyrl_glm/syncs": self._glm_syncs})
+        check = self.cfg.skyrl_glm.check
+        if self._glm_syncs == 1:
+            if check.before_training:
+                await self.handoff_check()
+        elif check.every_n_syncs and (self._glm_syncs - 1) % check.every_n_syncs == 0:
+            await self.agree_check()
+
+    # -- the check -------------------------------------------------------------------------------------
+    def _check_config(self) -> CheckConfig:
+        c = self.cfg.skyrl_glm.check
+        return CheckConfig(
+            mean_tol=c.mean_tol, max_tol=c.max_tol, repeat_tol=c.repeat_tol, scale=c.scale, seed=c.seed, decode=c.decode
+        )
+
+    def _probes(self, seed: int) -> Probes:
+        c = self.cfg.skyrl_glm.check
+        return make_probes(
+            len(self.tokenizer),
+            num=c.num_probes,
+            length=c.probe_length,
+            prompt_length=c.prompt_length,
+            decode_tokens=c.decode_tokens,
+            seed=seed,
+        )
+
+    def _live(self) -> tuple[LiveTrainer, LiveSampler, asyncio.AbstractEventLoop]:
+        loop = asyncio.get_running_loop()
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        trainer = LiveTrainer(self.dispatch, self.policy_model, pad)
+        sampler = LiveSampler(self.inference_engine_client, resolve_policy_model_name(self.cfg), loop)
+        return trainer, sampler, loop
+
+    def _at_check_temperature(self, on: bool) -> None:
+        run_temperature = self.cfg.trainer.algorithm.temperature
+        if run_temperature != CHECK_TEMPERATURE:
+            value = CHECK_TEMPERATURE if on else run_temperature
+            self.dispatch.set_algorithm_config("policy", temperature=value)
+
+    async def handoff_check(self) -> CheckReport:
+        """The five steps on the live trainer and sampler; the trainer's adapter is restored and re-synced after."""
+        trainer, sampler, loop = self._live()
+        publisher = LivePublisher(self._glm_sync, loop)
+        t0 = time.perf_counter()
+        self._at_check_temperature(True)
+        try:
+            report = await asyncio.to_thread(
+                run_five_steps,
+                trainer,
+                sampler,
+                publisher,
+                self._probes(self.cfg.skyrl_glm.check.seed),
+                self._check_config(),
+            )
+        finally:
+            restored = await asyncio.to_thread(trainer.restore_lora_b)
+            if restored:
+                await self._glm_sync()
+            self._at_check_temperature(False)
+        seconds = time.perf_counter() - t0
+        log.info("skyrl-glm handoff check before step 1 (%.1f s):\n%s", seconds, _render(report))
+        metrics: dict[str, float] = {"skyrl_glm/check_passed": float(report.passed), "skyrl_glm/check_s": seconds}
+        for s in report.steps:
+            for path, d in (("prefill", s.prefill), ("decode", s.decode)):
+                if d is not None:
+                    metrics[f"skyrl_glm/check_step{s.step}_{path}_max"] = d.max
+                    metrics[f"skyrl_glm/check_step{s.step}_{path}_mean"] = d.mean
+        self.all_metrics.update(metrics)
+        self.summary["check"] = {"passed": report.passed, "seconds": seconds, "report": to_dict(report)}
+        if not report.passed:
+            self._failed(f"handoff check FAILED before step 1:\n{_render(report)}")
+        return report
+
+    async def agree_check(self) -> StepResult:
+        """Step 1 alone on fresh probes: does the sampler serve what the trainer holds after this sync?"""
+        trainer, sampler, _ = self._live()
+        probes = self._probes(self.cfg.skyrl_glm.check.seed + self._glm_syncs)
+        config = self._check_config()
+
+        def agree() -> StepResult:
+            t0 = time.perf_counter()
+            prefill = Diff.between(trainer.score(probes.sequences), sampler.score(probes.sequences))
+            decode = decode_diff(trainer, sampler, probes) if config.decode else None
+            return judge_agreement(1, "agree", prefill, decode, config, time.perf_counter() - t0)
+
+        self._at_check_temperature(True)
+        try:
+            result = await asyncio.to_thread(agree)
+            lora_b = await asyncio.to_thread(trainer.lora_b_max)
+        finally:
+            self._at_check_temperature(False)
+        decode = f", decode mean {result.decode.mean:.3g} max {result.decode.max:.3g}" if result.decode else ""
+        log.info(
+            "skyrl-glm agree check after sync %d: %s: prefill mean %.3g max %.3g%s; trainer max|lora_B| %.3g (%s)",
+            self._glm_syncs,
+            "ok" if result.passed else "FAIL",
+            result.prefill.mean if result.prefill else float("nan"),
+            result.prefill.max if result.prefill else float("nan"),
+            decode,
+            lora_b,
+            result.detail,
+        )
+        self.all_metrics.update(
+            {
+                "skyrl_glm/agree_passed": float(result.passed),
+                "skyrl_glm/agree_prefill_max": result.prefill.max if result.prefill else float("nan"),
+                "skyrl_glm/agree_decode_max": result.decode.max if result.decode else float("nan"),
+                "skyrl_glm/lora_b_max": lora_b,
+            }
+        )
+        self.summary["agree"].append(
+            {
+                "sync": self._glm_syncs,
+                "passed": result.passed,
+                "prefill_max": result.prefill.max if result.prefill else None,
+                "prefill_mean": result.prefill.mean if result.prefill else None,
+                "decode_max": result.decode.max if result.decode else None,
+                "decode_mean": result.decode.mean if result.decode else None,
+                "lora_b_max": lora_b,
+            }
+        )
+        if not result.passed:
+            self._failed(f"agree check FAILED after sync {self._glm_syncs}: {result.detail}")
+        return result
+
+    def _failed(self, report: str) -> None:
+        if self.cfg.skyrl_glm.check.on_failure == "abort":
+            raise HandoffCheckFailed(report)
+        log.warning("skyrl-glm %s (on_failure=warn: training goes on)", report)
+
+
+def _short(timings: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in timings.items())

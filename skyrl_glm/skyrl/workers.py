@@ -1,0 +1,169 @@
+"""Policy workers whose LoRA sync goes through skyrl-glm (plan -> transport -> receiver), and what the check
+needs from them.
+
+SkyRL 0.4's FSDP worker syncs LoRA only through files (``lora.sync_mode=memory`` is Megatron-only there);
+:class:`FSDPPolicyWorkerBase` here adds the in-memory path. ``skyrl_glm.sync.mode=disk`` keeps SkyRL's own
+file sync. The trainer hands each worker its ``skyrl_glm.sync`` settings (:meth:`GlmSyncMixin.skyrl_glm_configure`)
+before the weight-sync setup, because a worker only sees ``cfg.trainer``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import ray
+import torch
+from skyrl.backends.skyrl_train.workers.fsdp import fsdp_worker
+
+from skyrl_glm.plugins import registry
+from skyrl_glm.skyrl.publish import ServerPublisher
+from skyrl_glm.sync.vllm_engine import UpdateResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSync:
+    """The part of ``skyrl_glm.sync`` a policy worker acts on (``transport`` already resolved from ``auto``)."""
+
+    mode: str
+    transport: str
+    bucket_bytes: int
+    fault: str = "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class GlmSyncMixin:
+    """The strategy-independent half: settings, the rank-0 publish, the fault, and LoRA B access for the check.
+
+    A strategy subclass provides :meth:`_glm_adapter` (the full adapter on rank 0) and
+    :meth:`_glm_lora_b_params` (its trainable LoRA B parameters)."""
+
+    _glm_sync: WorkerSync | None = None
+    _glm_publisher: ServerPublisher | None = None
+    _glm_version = 0
+    _glm_last: dict[str, Any] | None = None
+    _glm_backup: list[torch.Tensor] | None = None
+
+    def skyrl_glm_configure(self, sync: dict[str, Any]) -> None:
+        self._glm_sync = WorkerSync(**sync)
+
+    def _glm_memory_sync(self) -> bool:
+        return bool(getattr(self, "_is_lora", False)) and self._glm_sync is not None and self._glm_sync.mode == "memory"
+
+    def _glm_skips_transfer_engine(self) -> bool:
+        """Whether SkyRL's weight-transfer engine (an NCCL rendezvous with vLLM) goes unused, so is not built."""
+        return self._glm_memory_sync()
+
+    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """``(public name -> tensor, PEFT config)`` on rank 0, None elsewhere (a collective: call on all ranks)."""
+        raise NotImplementedError
+
+    async def init_weight_sync_state(self, inference_engine_client: Any, inference_engine_cfg: Any) -> None:
+        if not self._glm_skips_transfer_engine():
+            return await super().init_weight_sync_state(inference_engine_client, inference_engine_cfg)  # type: ignore[misc]
+        self._weight_sync_inference_client = inference_engine_client
+        self._weight_sync_engine = None
+        torch.distributed.barrier()
+
+    async def broadcast_to_inference_engines(
+        self, inference_engine_client: Any, inference_engine_cfg: Any, model_id: str | None = None
+    ) -> None:
+        if not self._glm_memory_sync():
+            return await super().broadcast_to_inference_engines(  # type: ignore[misc]
+                inference_engine_client, inference_engine_cfg, model_id
+            )
+        client = inference_engine_client or self._weight_sync_inference_client
+        cache_reset = self._reset_prefix_cache_task(client, inference_engine_cfg)  # type: ignore[attr-defined]
+        lora_name, _ = self._resolve_lora_sync_target(model_id)  # type: ignore[attr-defined]
+        await self._glm_publish(client, lora_name)
+        if cache_reset is not None:
+            await cache_reset
+        torch.distributed.barrier()
+
+    def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
+        raise NotImplementedError
+
+    async def _glm_publish(self, client: Any, lora_name: str) -> None:
+        """One in-memory sync of the live adapter (all ranks; rank 0 publishes)."""
+        assert self._glm_sync is not None
+        adapter = self._glm_adapter()
+        if torch.distributed.get_rank() == 0 and adapter is not None:
+            self._glm_version += 1
+            if self._glm_sync.fault == "no-publish" and self._glm_version > 1:
+                # Deliberately broken sync (skyrl_glm.sync.fault): report success, send nothing.
+                result = UpdateResult(True, self._glm_version, reason="fault no-publish: nothing sent")
+            else:
+                if self._glm_publisher is None:
+                    transport = registry().transport(self._glm_sync.transport)()
+                    self._glm_publisher = ServerPublisher(client, transport, self._glm_sync.bucket_bytes)
+                tensors, config = adapter
+                result = await self._glm_publisher.publish(tensors, config, lora_name, self._glm_version)
+            self._glm_last = {"ok": result.ok, "version": result.version, "reason": result.reason, **result.timings}
+            if not result.ok:
+                raise RuntimeError(f"skyrl-glm LoRA sync of version {self._glm_version} failed: {result.reason}")
+            log.debug("skyrl-glm LoRA sync v%d: %s", self._glm_version, result.timings)
+        torch.distributed.barrier()
+
+    def skyrl_glm_last_sync(self) -> dict[str, Any] | None:
+        """What the last in-memory sync reported (rank 0; None elsewhere or before the first)."""
+        return self._glm_last
+
+    # -- the check's access to the trainer's adapter -----------------------------------------------------
+    @staticmethod
+    def _local(p: torch.Tensor) -> torch.Tensor:
+        return p.to_local() if hasattr(p, "to_local") else p
+
+    @torch.no_grad()
+    def skyrl_glm_perturb_lora_b(self, scale: float) -> int:
+        """Back up every LoRA B shard, then add ``scale`` to every element (same result however it is sharded)."""
+        params = [self._local(p) for p in self._glm_lora_b_params()]
+        self._glm_backup = [p.detach().clone() for p in params]
+        for p in params:
+            p.add_(scale)
+        return len(params)
+
+    @torch.no_grad()
+    def skyrl_glm_restore_lora_b(self) -> int:
+        """Put back what :meth:`skyrl_glm_perturb_lora_b` saved (bit-exact); the optimizer state is untouched."""
+        backup, self._glm_backup = self._glm_backup or [], None
+        params = [self._local(p) for p in self._glm_lora_b_params()]
+        for p, saved in zip(params, backup, strict=True):
+            p.copy_(saved)
+        return len(backup)
+
+    @torch.no_grad()
+    def skyrl_glm_lora_b_max(self) -> float:
+        """max |B| over this rank's LoRA B shards (0.0 while the adapter is still at its initialisation)."""
+        return max((float(self._local(p).abs().max()) for p in self._glm_lora_b_params()), default=0.0)
+
+
+class FSDPPolicyWorkerBase(GlmSyncMixin, fsdp_worker.FSDPPolicyWorkerBase):
+    """SkyRL's FSDP2 policy worker with skyrl-glm's in-memory LoRA sync."""
+
+    def _glm_skips_transfer_engine(self) -> bool:
+        # FSDP LoRA never uses SkyRL's weight-transfer engine (it syncs files, or skyrl-glm's transport): skip its
+        # NCCL rendezvous (weight_senders.py:157), which would also fail on CPU.
+        return self._is_lora
+
+    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        from skyrl.backends.skyrl_train.distributed.fsdp_utils import collect_lora_params
+
+        tensors = collect_lora_params(module=self.model.model)  # full_tensor(): a collective over the FSDP mesh
+        if torch.distributed.get_rank() != 0:
+            return None
+        peft_model = getattr(self.model.model, "_fsdp_wrapped_module", self.model.model)
+        return dict(tensors), peft_model.peft_config["default"].to_dict()
+
+    def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
+        return (p for n, p in self.model.model.named_parameters() if "lora_B" in n)
+
+
+def fsdp_workers() -> tuple[Any, Any, Any]:
+    """``(PolicyWorker, CriticWorker, RefWorker)`` Ray actor classes for ``trainer.strategy=fsdp``."""
+    return ray.remote(num_gpus=1)(FSDPPolicyWorkerBase), fsdp_worker.CriticWorker, fsdp_worker.RefWorker

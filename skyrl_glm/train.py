@@ -1,0 +1,195 @@
+"""Train with SkyRL 0.4's loop and skyrl-glm's sync and check. Two doors, one code path:
+
+    python -m skyrl_glm.train [RECIPE] key=value ...
+    python -m skyrl.train.entrypoints.main_base trainer.override_entrypoint=skyrl_glm.train [key=value ...]
+
+RECIPE is a YAML file or a packaged recipe name (``skyrl_glm/recipes``); ``key=value`` overrides any key of
+SkyRL's config or of the ``skyrl_glm`` section. A model path ``tiny:<family>`` is a tiny random-weight checkpoint
+of a registered model family, made locally (deterministic, cached). Exit codes: 0 trained, 1 the handoff check
+failed (its report is printed), 2 bad recipe or override (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+OVERRIDE_ENTRYPOINT = "trainer.override_entrypoint="
+TINY_PREFIX = "tiny:"
+MODEL_KEY = "trainer.policy.model.path"
+
+
+def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """``(recipe or None, overrides)``; SkyRL's ``trainer.override_entrypoint=...`` (how main_base got here)
+    is dropped, it is no config key."""
+    from skyrl_glm.skyrl.config import ConfigError
+
+    recipe, overrides = None, []
+    for i, arg in enumerate(args):
+        if arg.startswith(OVERRIDE_ENTRYPOINT):
+            continue
+        if "=" in arg:
+            overrides.append(arg)
+        elif i == 0 and recipe is None:
+            recipe = arg
+        else:
+            raise ConfigError(f"command line: {arg!r}: only the first argument may be a recipe; the rest are key=value")
+    return recipe, overrides
+
+
+def tiny_checkpoint(family_name: str, cache: Path | None = None) -> Path:
+    """The tiny checkpoint of a registered family (seed 0), made once under ``$SKYRL_GLM_CACHE`` (default
+    ``~/.cache/skyrl-glm``); written to a temporary directory and renamed, so a reader never sees it half made."""
+    import tempfile
+
+    from skyrl_glm.models.tiny import make_tiny
+    from skyrl_glm.plugins import RegistryError, registry
+    from skyrl_glm.skyrl.config import ConfigError
+
+    try:
+        family = registry().model(family_name)
+    except RegistryError as e:
+        raise ConfigError(f"{MODEL_KEY}: {TINY_PREFIX}{family_name}: {e}") from None
+    root = cache or Path(os.environ.get("SKYRL_GLM_CACHE", Path.home() / ".cache" / "skyrl-glm"))
+    target = root / f"tiny-{family.name}-seed0"
+    if not (target / "config.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
+        make_tiny(family, scratch, seed=0)
+        try:
+            scratch.rename(target)
+        except OSError:  # another run made it first: theirs is byte-identical
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def build_config(args: Sequence[str]) -> Any:
+    """The typed config of a command line (recipe, overrides, a ``tiny:`` model made and pointed at)."""
+    from skyrl_glm.skyrl.config import load_config
+
+    recipe, overrides = split_args(args)
+    cfg = load_config(recipe, overrides)
+    model = cfg.trainer.policy.model.path
+    if isinstance(model, str) and model.startswith(TINY_PREFIX):
+        path = tiny_checkpoint(model.removeprefix(TINY_PREFIX))
+        cfg = load_config(recipe, [*overrides, f"{MODEL_KEY}={path}"])
+    return cfg
+
+
+def _start_ray(cfg: Any) -> None:
+    import ray
+    from skyrl.train.utils.utils import initialize_ray, prepare_runtime_environment
+
+    if not cfg.skyrl_glm.cpu:
+        initialize_ray(cfg)
+        return
+    from skyrl.backends.skyrl_train.utils.ppo_utils import sync_registries
+
+    from skyrl_glm.skyrl import cpu
+
+    cpu.install()
+    kwargs = cpu.ray_init_kwargs(prepare_runtime_environment(cfg))
+    address = os.environ.get("RAY_ADDRESS")
+    if address:  # a running cluster brings its own (logical) GPUs
+        kwargs.pop("num_gpus")
+    ray.init(address=address or "local", include_dashboard=False, log_to_driver=True, **kwargs)
+    sync_registries()
+
+
+def show_progress() -> None:
+    """skyrl-glm's own INFO lines (syncs, checks) on stderr; other libraries keep their levels."""
+    logger = logging.getLogger("skyrl_glm")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[skyrl-glm] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _experiment(cfg: Any) -> dict[str, Any]:
+    """Body of the Ray task that runs the experiment (SkyRL keeps the training loop off the driver)."""
+    show_progress()
+    from skyrl_glm.skyrl.experiment import GlmPPOExp
+
+    return GlmPPOExp(cfg).run()
+
+
+def report_summary(cfg: Any, summary: dict[str, Any]) -> Path:
+    """Print the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json``."""
+    import json
+
+    syncs = [s["seconds"] for s in summary["syncs"]]
+    log = logging.getLogger("skyrl_glm.train")
+    log.info(
+        "%d syncs (mode %s), seconds per sync: %s (mean %.3f)",
+        len(syncs),
+        summary["sync_mode"],
+        " ".join(f"{s:.3f}" for s in syncs),
+        sum(syncs) / max(len(syncs), 1),
+    )
+    if "check" in summary:
+        log.info("handoff check before step 1: %s", "PASS" if summary["check"]["passed"] else "FAIL")
+    for a in summary["agree"]:
+        log.info(
+            "after sync %d: sampler vs trainer logprobs prefill max %.3g, decode max %s; max|lora_B| %.3g: %s",
+            a["sync"],
+            a["prefill_max"],
+            "-" if a["decode_max"] is None else f"{a['decode_max']:.3g}",
+            a["lora_b_max"],
+            "agree" if a["passed"] else "DISAGREE",
+        )
+    path = Path(cfg.trainer.log_path) / "skyrl_glm_summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2))
+    return path
+
+
+def run(cfg: Any) -> int:
+    """Run one training; 0 when it finished, 1 when the handoff check stopped it."""
+    import ray
+
+    from skyrl_glm.skyrl.check import HandoffCheckFailed
+
+    _start_ray(cfg)
+    try:
+        summary = ray.get(ray.remote(num_cpus=1)(_experiment).remote(cfg))
+    except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
+        report = e.args[0] if e.args else str(e)
+        print(f"skyrl-glm train: stopped by the handoff check:\n{report}", file=sys.stderr)
+        return 1
+    finally:
+        ray.shutdown()
+    report_summary(cfg, summary)
+    return 0
+
+
+def run_command(args: Sequence[str]) -> int:
+    """Config from a command line, then :func:`run`; the exit code."""
+    from skyrl_glm.skyrl.config import ConfigError
+
+    show_progress()
+    try:
+        cfg = build_config(args)
+        from skyrl.train.utils import validate_cfg
+
+        validate_cfg(cfg)
+    except (ConfigError, ValueError, AssertionError) as e:
+        print(f"skyrl-glm train: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    return run(cfg)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry of both doors. Exits itself: SkyRL's main_base drops the return value of an override entrypoint."""
+    sys.exit(run_command(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()
