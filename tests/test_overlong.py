@@ -49,3 +49,40 @@ def test_apply_refuses_bad_input():
         apply_overlong_penalty([1.0], [1], 1024, cfg)
     with pytest.raises(ValueError, match="buffer_len"):
         OverlongPenaltyConfig(buffer_len=-1)
+
+
+TRAINER_PROBE = """
+import json, sys
+from skyrl_glm.skyrl import cpu
+cpu.install()  # SkyRL's trainer module imports flash_attn: the CPU-mode shim provides it (this process only)
+from skyrl_glm.skyrl.config import load_config
+from skyrl_glm.skyrl.trainer import GlmPPOTrainer
+out = []
+for buffer_len in (4, 0):
+    cfg = load_config("tiny_cpu_grpo", [f"skyrl_glm.overlong.buffer_len={buffer_len}",
+                                        "generator.sampling_params.max_generate_length=8"])
+    trainer = object.__new__(GlmPPOTrainer)  # no Ray workers: postprocess reads cfg, writes all_metrics
+    trainer.cfg, trainer.all_metrics = cfg, {}
+    gen = {"response_ids": [[1] * 3, [1] * 6, [1] * 8, [1] * 8], "rewards": [1.0, 1.0, 1.0, -1.0],
+           "loss_masks": [[1] * 3, [1] * 6, [1] * 8, [1] * 8], "stop_reasons": ["stop", "stop", "length", "length"]}
+    gen, _ = trainer.postprocess_generator_output(gen, ["a", "a", "b", "b"])
+    out.append([r[-1] for r in gen["rewards"]])
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_skyrl_trainer_applies_the_penalty_before_per_token_rewards():
+    # skyrl-glm's trainer override in front of SkyRL's real postprocess (sequence reward -> per-token rewards).
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", TRAINER_PROBE], capture_output=True, text=True, timeout=300, env=os.environ.copy()
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    shaped, off = json.loads(lines[-1].removeprefix("RESULT "))
+    assert shaped == pytest.approx([1.0, 0.5, 0.0, -2.0])  # cap 8, buffer 4: lengths 3, 6, 8, 8
+    assert off == [1.0, 1.0, 1.0, -1.0]  # buffer_len 0: untouched

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -51,3 +52,16 @@ def apply_overlong_penalty(
             raise TypeError("the overlong penalty applies to sequence-level rewards, got token-level rewards")
         out.append(float(reward) + overlong_penalty(length, cap, cfg.buffer_len, cfg.penalty_factor))
     return out
+
+
+def shape_rewards(generator_output: dict, cfg: Any) -> None:
+    """Apply ``cfg.skyrl_glm.overlong`` to a SkyRL ``GeneratorOutput``'s sequence rewards (a no-op when off).
+
+    Called from the trainer's ``postprocess_generator_output``, i.e. after SkyRL's dynamic-sampling filter, which
+    (as in DAPO) keeps or drops groups on the task reward alone."""
+    overlong = cfg.skyrl_glm.overlong
+    if overlong.buffer_len <= 0:
+        return
+    lengths = [len(response) for response in generator_output["response_ids"]]
+    cap = cfg.generator.sampling_params.max_generate_length
+    generator_output["rewards"] = apply_overlong_penalty(generator_output["rewards"], lengths, cap, overlong)

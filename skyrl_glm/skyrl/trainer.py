@@ -28,6 +28,7 @@ from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.skyrl.check import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
 from skyrl_glm.skyrl.config import resolved_transport
+from skyrl_glm.skyrl.overlong import shape_rewards
 from skyrl_glm.skyrl.workers import WorkerSync
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,10 @@ class GlmPPOTrainer(RayPPOTrainer):
     def build_models(self, PolicyWorker: Any, CriticWorker: Any, RefWorker: Any) -> None:  # noqa: N803 - SkyRL's names
         # SkyRL's _setup_trainer passes its own hard-coded classes; the experiment's registry choice replaces them.
         super().build_models(*self.worker_classes)
+
+    def postprocess_generator_output(self, generator_output: Any, uids: Any, *args: Any, **kwargs: Any) -> Any:
+        shape_rewards(generator_output, self.cfg)  # DAPO soft overlong penalty (skyrl_glm.overlong)
+        return super().postprocess_generator_output(generator_output, uids, *args, **kwargs)
 
     def init_weight_sync_state(self) -> None:
         settings = worker_sync(self.cfg)
