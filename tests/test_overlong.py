@@ -39,12 +39,19 @@ def test_apply_adds_to_sequence_rewards():
     assert rewards == [1.0, 1.0, -1.0, 1.0]  # input untouched
 
 
+def test_apply_to_token_level_rewards_puts_the_penalty_on_the_last_token():
+    # SkyRL's agent-loop generator returns per-token rewards with the outcome on the last token.
+    cfg = OverlongPenaltyConfig(buffer_len=BUF, penalty_factor=1.0)
+    rewards = [[0.0, 0.0, 1.0], [0.0, -1.0], []]
+    out = apply_overlong_penalty(rewards, [100, CAP, CAP], CAP, cfg)
+    assert out == [[0.0, 0.0, 1.0], [0.0, -2.0], []]
+    assert rewards[1] == [0.0, -1.0]  # input untouched
+
+
 def test_apply_refuses_bad_input():
     cfg = OverlongPenaltyConfig(buffer_len=BUF)
     with pytest.raises(ValueError, match="rewards for"):
         apply_overlong_penalty([1.0], [1, 2], CAP, cfg)
-    with pytest.raises(TypeError, match="token-level"):
-        apply_overlong_penalty([[0.0, 1.0]], [2], CAP, cfg)
     with pytest.raises(ValueError, match="longer than the response cap"):
         apply_overlong_penalty([1.0], [1], 1024, cfg)
     with pytest.raises(ValueError, match="buffer_len"):
@@ -57,16 +64,20 @@ from skyrl_glm.skyrl import cpu
 cpu.install()  # SkyRL's trainer module imports flash_attn: the CPU-mode shim provides it (this process only)
 from skyrl_glm.skyrl.config import load_config
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
+lengths, outcomes = [3, 6, 8, 8], [1.0, 1.0, 1.0, -1.0]
+sequence = outcomes
+tokens = [[0.0] * (n - 1) + [r] for n, r in zip(lengths, outcomes)]  # what the agent-loop generator returns
 out = []
-for buffer_len in (4, 0):
+for buffer_len, rewards in ((4, sequence), (4, tokens), (0, tokens)):
     cfg = load_config("tiny_cpu_grpo", [f"skyrl_glm.overlong.buffer_len={buffer_len}",
                                         "generator.sampling_params.max_generate_length=8"])
     trainer = object.__new__(GlmPPOTrainer)  # no Ray workers: postprocess reads cfg, writes all_metrics
     trainer.cfg, trainer.all_metrics = cfg, {}
-    gen = {"response_ids": [[1] * 3, [1] * 6, [1] * 8, [1] * 8], "rewards": [1.0, 1.0, 1.0, -1.0],
-           "loss_masks": [[1] * 3, [1] * 6, [1] * 8, [1] * 8], "stop_reasons": ["stop", "stop", "length", "length"]}
+    rewards = [list(r) if isinstance(r, list) else r for r in rewards]
+    gen = {"response_ids": [[1] * n for n in lengths], "rewards": rewards,
+           "loss_masks": [[1] * n for n in lengths], "stop_reasons": ["stop", "stop", "length", "length"]}
     gen, _ = trainer.postprocess_generator_output(gen, ["a", "a", "b", "b"])
-    out.append([r[-1] for r in gen["rewards"]])
+    out.append([sum(r) for r in gen["rewards"]])
 print("RESULT " + json.dumps(out))
 """
 
@@ -83,6 +94,7 @@ def test_skyrl_trainer_applies_the_penalty_before_per_token_rewards():
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    shaped, off = json.loads(lines[-1].removeprefix("RESULT "))
-    assert shaped == pytest.approx([1.0, 0.5, 0.0, -2.0])  # cap 8, buffer 4: lengths 3, 6, 8, 8
+    sequence, tokens, off = json.loads(lines[-1].removeprefix("RESULT "))
+    assert sequence == pytest.approx([1.0, 0.5, 0.0, -2.0])  # cap 8, buffer 4: lengths 3, 6, 8, 8
+    assert tokens == pytest.approx([1.0, 0.5, 0.0, -2.0])  # per-token rewards: same totals
     assert off == [1.0, 1.0, 1.0, -1.0]  # buffer_len 0: untouched

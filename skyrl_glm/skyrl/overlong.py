@@ -39,18 +39,26 @@ def overlong_penalty(length: int, cap: int, buffer_len: int, penalty_factor: flo
 
 
 def apply_overlong_penalty(
-    rewards: list[float], response_lengths: Sequence[int], cap: int, cfg: OverlongPenaltyConfig
-) -> list[float]:
-    """Sequence-level rewards with the penalty added (a new list; token-level rewards are refused)."""
+    rewards: list, response_lengths: Sequence[int], cap: int, cfg: OverlongPenaltyConfig
+) -> list:
+    """Rewards with the penalty added (a new list; the input is untouched).
+
+    A sequence reward (float) gets it added; a per-token reward list (what SkyRL's agent-loop generator returns,
+    the outcome on the last token) gets it on its last token, where SkyRL puts a sequence reward too."""
     if len(rewards) != len(response_lengths):
         raise ValueError(f"{len(rewards)} rewards for {len(response_lengths)} responses")
     if cfg.buffer_len > cap:
         raise ValueError(f"skyrl_glm.overlong.buffer_len {cfg.buffer_len} is longer than the response cap {cap}")
-    out = []
+    out: list = []
     for reward, length in zip(rewards, response_lengths, strict=True):
+        penalty = overlong_penalty(length, cap, cfg.buffer_len, cfg.penalty_factor)
         if isinstance(reward, list):
-            raise TypeError("the overlong penalty applies to sequence-level rewards, got token-level rewards")
-        out.append(float(reward) + overlong_penalty(length, cap, cfg.buffer_len, cfg.penalty_factor))
+            shaped = [float(r) for r in reward]
+            if shaped:
+                shaped[-1] += penalty
+            out.append(shaped)
+        else:
+            out.append(float(reward) + penalty)
     return out
 
 
