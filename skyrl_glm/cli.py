@@ -1,4 +1,4 @@
-"""``skyrl-glm`` command line: models, tiny checkpoints, the handoff check, benchmarks."""
+"""``skyrl-glm`` command line: models, tiny checkpoints, the handoff check, benchmarks, training."""
 
 from __future__ import annotations
 
@@ -73,9 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _command_modules() -> list:
     from skyrl_glm import recipes_cli
     from skyrl_glm.check import cli as check_cli
+    from skyrl_glm.skyrl import cli as train_cli
     from skyrl_glm.sync import bench
 
-    return [check_cli, bench, recipes_cli]
+    return [check_cli, bench, train_cli, recipes_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

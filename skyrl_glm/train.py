@@ -29,12 +29,10 @@ def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
     from skyrl_glm.skyrl.config import ConfigError
 
     recipe, overrides = None, []
-    for i, arg in enumerate(args):
-        if arg.startswith(OVERRIDE_ENTRYPOINT):
-            continue
+    for i, arg in enumerate(a for a in args if not a.startswith(OVERRIDE_ENTRYPOINT)):
         if "=" in arg:
             overrides.append(arg)
-        elif i == 0 and recipe is None:
+        elif i == 0:
             recipe = arg
         else:
             raise ConfigError(f"command line: {arg!r}: only the first argument may be a recipe; the rest are key=value")

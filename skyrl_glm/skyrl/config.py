@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
@@ -149,6 +150,10 @@ def check_consistency(cfg: Any) -> None:
     """Combinations of ``skyrl_glm`` keys with SkyRL keys that cannot work; one :class:`ConfigError` each."""
     glm, trainer = cfg.skyrl_glm, cfg.trainer
     lora = trainer.policy.model.lora.rank > 0
+    if glm.cpu and trainer.strategy != "fsdp":
+        raise ConfigError(
+            "skyrl_glm.cpu: SkyRL's Megatron worker needs Transformer Engine (CUDA); use trainer.strategy=fsdp"
+        )
     if glm.sync.mode == "memory" and not lora:
         raise ConfigError("skyrl_glm.sync.mode: memory syncs a LoRA adapter; set trainer.policy.model.lora.rank > 0")
     if glm.sync.mode == "memory" and trainer.strategy == "megatron":
@@ -169,10 +174,6 @@ def check_consistency(cfg: Any) -> None:
     if glm.check.before_training and not lora:
         raise ConfigError(
             "skyrl_glm.check.before_training: the check perturbs LoRA B; set trainer.policy.model.lora.rank > 0"
-        )
-    if glm.cpu and trainer.strategy != "fsdp":
-        raise ConfigError(
-            "skyrl_glm.cpu: SkyRL's Megatron worker needs Transformer Engine (CUDA); use trainer.strategy=fsdp"
         )
 
 
@@ -216,7 +217,7 @@ def _read_recipe(path: Path, chain: tuple[Path, ...]) -> list[tuple[str, DictCon
         raise ConfigError(f"{path}: {BASE_KEY}: circular composition ({' -> '.join(map(str, chain + (path,)))})")
     try:
         layer = OmegaConf.load(path)
-    except (OSError, OmegaConfBaseException, ValueError) as e:
+    except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: unreadable YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(layer, DictConfig):
         raise ConfigError(f"{path}: a recipe must be a mapping of config sections, got {type(layer).__name__}")

@@ -1,0 +1,29 @@
+"""``skyrl-glm train RECIPE [key=value ...]``: SkyRL's training loop with skyrl-glm's sync and check.
+
+Only argparse here: the training stack (torch, Ray, SkyRL, vLLM) is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from skyrl_glm.train import run_command
+
+    return run_command([args.recipe, *args.overrides])
+
+
+def add_parser(sub: Any) -> None:
+    train = sub.add_parser(
+        "train",
+        help="train with SkyRL's loop, skyrl-glm's LoRA sync and the handoff check (recipe + key=value overrides)",
+        description=(
+            "RECIPE is a YAML file or a packaged recipe name (e.g. tiny_cpu_grpo); key=value overrides any key of "
+            "SkyRL's config or the skyrl_glm section. Exit 0: trained; 1: stopped by the handoff check; 2: bad input."
+        ),
+    )
+    train.add_argument("recipe", metavar="RECIPE")
+    train.add_argument("overrides", nargs="*", metavar="key=value")
+    train.set_defaults(func=_cmd_train)
