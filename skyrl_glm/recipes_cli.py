@@ -167,7 +167,8 @@ def launch_commands(recipe: str, overrides: list[str], cfg: Any) -> dict[str, li
         f"# on each of the other {nodes - 1} node(s):  ray start --address=<head-ip>:{RAY_PORT} --num-gpus={gpus}",
         f"RAY_ADDRESS=<head-ip>:{RAY_PORT} {train}   # on the head node; the job spreads over the cluster",
     ]
-    return {"single node": [train], f"multi-node Ray ({nodes} nodes)": multi}
+    single = "single node" if nodes == 1 else f"single node (this layout needs {nodes} nodes: scale it down first)"
+    return {single: [train], f"multi-node Ray ({nodes} nodes)": multi}
 
 
 def dry_run(recipe: str, overrides: list[str], args: argparse.Namespace | None = None) -> int:

@@ -129,6 +129,17 @@ def test_dry_run_output_is_accepted_by_skyrl_parser(capsys):
     assert not ray.is_initialized()
 
 
+def test_cli_train_dry_run(capsys):
+    assert main(["train", "glm53_dapo_math", "trainer.seed=3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "skyrl-glm train glm53_dapo_math trainer.seed=3" in out and "nothing was started" in out
+    assert "4 node(s) x 8 H200" in out
+    assert not ray.is_initialized()
+    assert main(["train", "glm53_dapo_math", "trainer.sed=3", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: command line: trainer.sed: unknown key (did you mean trainer.seed?)"
+
+
 def test_cli_validate_show_list(capsys):
     assert main(["recipes", "validate", "glm53_dapo_math"]) == 0
     assert "ok glm53_dapo_math" in capsys.readouterr().out
