@@ -11,7 +11,7 @@ from skyrl.train.generators.utils import get_rollout_metrics
 from skyrl.train.utils.trainer_utils import dump_per_dataset_eval_results
 
 from skyrl_glm.cli import main
-from skyrl_glm.dapo.report import ReportError, collect
+from skyrl_glm.dapo.report import ReportError, collect, dumped_eval_metrics
 from skyrl_glm.models.tokenizer import build_tokenizer
 
 
@@ -68,6 +68,13 @@ def test_report_over_steps(tmp_path, tokenizer, capsys):
     assert [p.pass_at_n for p in points] == [1.0, 1.0]
     assert [p.cap_share for p in points] == [0.5, 0.125]
     assert [p.mean_length for p in points] == [75.0, 37.5]
+
+    # what the trainer adds to SkyRL's eval metrics at each eval
+    assert dumped_eval_metrics(tmp_path, 5) == {
+        "eval/aime2024/accuracy_mean_at_n": 0.75,
+        "eval/aime2024/cap_share": 0.125,
+    }
+    assert dumped_eval_metrics(tmp_path, 9) == {}
 
     png, js = tmp_path / "r.png", tmp_path / "r.json"
     assert main(["report", str(tmp_path), "--png", str(png), "--json", str(js)]) == 0

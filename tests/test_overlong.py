@@ -78,11 +78,25 @@ for buffer_len, rewards in ((4, sequence), (4, tokens), (0, tokens)):
            "loss_masks": [[1] * n for n in lengths], "stop_reasons": ["stop", "stop", "length", "length"]}
     gen, _ = trainer.postprocess_generator_output(gen, ["a", "a", "b", "b"])
     out.append([sum(r) for r in gen["rewards"]])
+# eval(): SkyRL's metrics plus accuracy and cap share read from the dump SkyRL just wrote (SkyRL's eval stubbed)
+import asyncio
+from pathlib import Path
+from skyrl.train.trainer import RayPPOTrainer
+async def skyrl_eval(self, *args, **kwargs):
+    return {"eval/all/avg_score": 0.0}
+RayPPOTrainer.eval = skyrl_eval
+dump = Path(sys.argv[1]) / "dumped_evals" / "global_step_3_evals"
+dump.mkdir(parents=True)
+rows = [(1.0, "stop"), (-1.0, "length"), (-1.0, "length"), (-1.0, "stop")]
+dump.joinpath("aime2024.jsonl").write_text("".join(
+    json.dumps({"input_prompt": "p", "score": s, "stop_reason": r}) + "\\n" for s, r in rows))
+cfg.trainer.export_path, trainer.global_step = sys.argv[1], 3
+out.append(asyncio.run(trainer.eval()))
 print("RESULT " + json.dumps(out))
 """
 
 
-def test_skyrl_trainer_applies_the_penalty_before_per_token_rewards():
+def test_skyrl_trainer_applies_the_penalty_and_logs_eval_accuracy_and_cap_share(tmp_path):
     # skyrl-glm's trainer override in front of SkyRL's real postprocess (sequence reward -> per-token rewards).
     import json
     import os
@@ -90,11 +104,20 @@ def test_skyrl_trainer_applies_the_penalty_before_per_token_rewards():
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-c", TRAINER_PROBE], capture_output=True, text=True, timeout=300, env=os.environ.copy()
+        [sys.executable, "-c", TRAINER_PROBE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ.copy(),
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    sequence, tokens, off = json.loads(lines[-1].removeprefix("RESULT "))
+    sequence, tokens, off, eval_metrics = json.loads(lines[-1].removeprefix("RESULT "))
     assert sequence == pytest.approx([1.0, 0.5, 0.0, -2.0])  # cap 8, buffer 4: lengths 3, 6, 8, 8
     assert tokens == pytest.approx([1.0, 0.5, 0.0, -2.0])  # per-token rewards: same totals
     assert off == [1.0, 1.0, 1.0, -1.0]  # buffer_len 0: untouched
+    assert eval_metrics == {
+        "eval/all/avg_score": 0.0,
+        "eval/aime2024/accuracy_mean_at_n": 0.25,
+        "eval/aime2024/cap_share": 0.5,
+    }

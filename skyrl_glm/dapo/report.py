@@ -176,3 +176,21 @@ def plot(points: list[EvalPoint], path: Path) -> Path:
 
 def to_json(points: list[EvalPoint]) -> list[dict]:
     return [asdict(p) for p in points]
+
+
+def dumped_eval_metrics(export_path: str | Path, step: int) -> dict[str, float]:
+    """Tracker metrics of the eval SkyRL just dumped at ``step``: per eval set ``eval/<set>/accuracy_mean_at_n`` and
+    ``eval/<set>/cap_share`` (SkyRL's own eval metrics have neither). Empty when nothing was dumped."""
+    eval_dir = Path(export_path) / "dumped_evals" / f"global_step_{step}_evals"
+    if not eval_dir.is_dir():
+        return {}
+    metrics = {}
+    for path in sorted(eval_dir.glob("*.jsonl")):
+        if path.name == AGGREGATED:
+            continue
+        records = _read_jsonl(path)
+        if records:
+            point = summarise(step, path.stem, records, None)
+            metrics[f"eval/{point.data_source}/accuracy_mean_at_n"] = point.accuracy
+            metrics[f"eval/{point.data_source}/cap_share"] = point.cap_share
+    return metrics
