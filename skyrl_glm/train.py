@@ -151,11 +151,16 @@ def report_summary(cfg: Any, summary: dict[str, Any]) -> Path:
 
 def run(cfg: Any) -> int:
     """Run one training; 0 when it finished, 1 when the handoff check stopped it."""
+    import time
+
     import ray
 
     from skyrl_glm.skyrl.check import HandoffCheckFailed
 
+    log = logging.getLogger("skyrl_glm.train")
+    t0 = time.perf_counter()
     _start_ray(cfg)
+    t1 = time.perf_counter()
     try:
         summary = ray.get(ray.remote(num_cpus=1)(_experiment).remote(cfg))
     except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
@@ -163,7 +168,9 @@ def run(cfg: Any) -> int:
         print(f"skyrl-glm train: stopped by the handoff check:\n{report}", file=sys.stderr)
         return 1
     finally:
+        t2 = time.perf_counter()
         ray.shutdown()
+        log.info("Ray start %.1f s, experiment %.1f s, Ray shutdown %.1f s", t1 - t0, t2 - t1, time.perf_counter() - t2)
     report_summary(cfg, summary)
     return 0
 

@@ -2,7 +2,7 @@
 :mod:`skyrl_glm.check.algorithm`).
 
 - trainer: the policy workers' own forward through SkyRL's ``WorkerDispatch.forward`` (the live PEFT model, its
-  LoRA included); LoRA B perturbed and restored by worker methods (:class:`~skyrl_glm.skyrl.workers.GlmSyncMixin`);
+  LoRA included); LoRA B perturbed and restored by worker methods (:class:`~skyrl_glm.skyrl.worker_sync.GlmSyncMixin`);
 - sampler: SkyRL's inference client ``sample()`` against the served adapter (prompt logprobs for prefill, greedy
   tokens and their logprobs for decode);
 - publisher: the run's real weight sync (``save_weights_for_sampler``), whatever ``skyrl_glm.sync.mode`` is.

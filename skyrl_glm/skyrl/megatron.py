@@ -1,7 +1,9 @@
 """The Megatron policy worker with skyrl-glm's in-memory LoRA sync (adapter-only: ``merge_lora=false``).
 
-Importing this module imports SkyRL's Megatron worker and so Megatron-Bridge, whose LoRA layers need
-Transformer Engine (CUDA): the plugin registry imports it only when ``trainer.strategy=megatron``.
+SkyRL's Megatron worker module imports Megatron-Bridge, whose LoRA layers need Transformer Engine (CUDA), and
+patches Megatron-Bridge's source at import: so this module holds the Megatron half of the sync as a mixin and
+:func:`megatron_workers` (called by the plugin registry only for ``trainer.strategy=megatron``) imports SkyRL's
+worker and builds the class.
 The adapter is exported exactly as SkyRL's file sync exports it (``_save_lora_adapters_and_sync``: the bridge's
 collective export, the per-module rank-scale fold, the fused-MoE expert layout vLLM accepts); skyrl-glm's plan
 then folds ``alpha / r``, deduplicates and checksums, instead of a PEFT directory being written.
@@ -14,14 +16,12 @@ from typing import Any
 
 import ray
 import torch
-from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
-from skyrl.backends.skyrl_train.workers.megatron import megatron_worker
 
-from skyrl_glm.skyrl.workers import GlmSyncMixin
+from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
 
 
-class MegatronPolicyWorkerBase(GlmSyncMixin, megatron_worker.MegatronPolicyWorkerBase):
-    """SkyRL's Megatron policy worker; with ``skyrl_glm.sync.mode=memory`` its adapter goes through skyrl-glm."""
+class MegatronGlmSync(GlmSyncMixin):
+    """The Megatron half of the sync, mixed in before SkyRL's ``MegatronPolicyWorkerBase``."""
 
     def _glm_memory_sync(self) -> bool:
         return super()._glm_memory_sync() and not self.cfg.policy.megatron_config.lora_config.merge_lora
@@ -31,6 +31,8 @@ class MegatronPolicyWorkerBase(GlmSyncMixin, megatron_worker.MegatronPolicyWorke
             build_adapter_config_dict,
             infer_target_modules_from_adapter_weights,
         )
+        from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
+        from skyrl.backends.skyrl_train.workers.megatron.megatron_worker import _convert_moe_experts_lora_to_vllm
 
         keep = torch.distributed.get_rank() == 0
         per_name: dict[str, list[torch.Tensor]] = {}
@@ -43,7 +45,7 @@ class MegatronPolicyWorkerBase(GlmSyncMixin, megatron_worker.MegatronPolicyWorke
             return None
         state = {n: ts[0] if len(ts) == 1 else torch.stack(ts, dim=0) for n, ts in per_name.items()}
         state, _ = fold_lora_rank_scale_for_vllm(state, config_rank=self.lora_cls.dim)
-        state = megatron_worker._convert_moe_experts_lora_to_vllm(
+        state = _convert_moe_experts_lora_to_vllm(
             state, num_moe_experts=getattr(self.provider, "num_moe_experts", None)
         )
         targets = sorted(set(infer_target_modules_from_adapter_weights(state.keys())) - {"base_layer"})
@@ -59,4 +61,11 @@ class MegatronPolicyWorkerBase(GlmSyncMixin, megatron_worker.MegatronPolicyWorke
 
 def megatron_workers() -> tuple[Any, Any, Any]:
     """``(PolicyWorker, CriticWorker, RefWorker)`` Ray actor classes for ``trainer.strategy=megatron``."""
-    return ray.remote(num_gpus=1)(MegatronPolicyWorkerBase), megatron_worker.CriticWorker, megatron_worker.RefWorker
+    from skyrl.backends.skyrl_train.workers.megatron import megatron_worker
+
+    policy = type(
+        "MegatronPolicyWorkerBase",
+        (MegatronGlmSync, megatron_worker.MegatronPolicyWorkerBase),
+        {"__module__": __name__, "__doc__": "SkyRL's Megatron policy worker with skyrl-glm's in-memory LoRA sync."},
+    )
+    return ray.remote(num_gpus=1)(policy), megatron_worker.CriticWorker, megatron_worker.RefWorker

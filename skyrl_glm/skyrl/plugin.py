@@ -12,7 +12,7 @@ from skyrl_glm.plugins import hookimpl
 
 
 def _fsdp() -> tuple[Any, Any, Any]:
-    from skyrl_glm.skyrl.workers import fsdp_workers
+    from skyrl_glm.skyrl.fsdp import fsdp_workers
 
     return fsdp_workers()
 

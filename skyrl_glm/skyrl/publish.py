@@ -32,10 +32,11 @@ def _results(responses: Mapping[str, Any]) -> list[Any]:
 class ServerPublisher:
     """skyrl-glm's in-memory LoRA handoff to the servers behind a SkyRL ``RemoteInferenceClient``."""
 
-    def __init__(self, client: Any, transport: Transport, bucket_bytes: int) -> None:
+    def __init__(self, client: Any, transport: Transport, bucket_bytes: int, verify: bool = True) -> None:
         self.client = client
         self.transport = transport
         self.bucket_bytes = bucket_bytes
+        self.verify = verify
 
     async def _rpc(self, method: str, *args: Any) -> list[Any]:
         # RemoteInferenceClient has no public collective_rpc; its control-plane fan-out is what SkyRL's own
@@ -59,7 +60,7 @@ class ServerPublisher:
         t2 = time.perf_counter()
         try:
             receiving = asyncio.ensure_future(
-                self._rpc("skyrl_glm_receive", plan.manifest.to_json(), handle, self.transport.name)
+                self._rpc("skyrl_glm_receive", plan.manifest.to_json(), handle, self.transport.name, self.verify)
             )
             await asyncio.to_thread(self.transport.stream, plan)
             answers = await receiving

@@ -30,7 +30,7 @@ from skyrl_glm.dapo.report import dumped_eval_metrics
 from skyrl_glm.skyrl.check import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
 from skyrl_glm.skyrl.config import resolved_transport
 from skyrl_glm.skyrl.overlong import shape_rewards
-from skyrl_glm.skyrl.workers import WorkerSync
+from skyrl_glm.skyrl.worker_sync import WorkerSync
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits
 def worker_sync(cfg: Any) -> WorkerSync:
     """The workers' part of ``skyrl_glm.sync``."""
     sync = cfg.skyrl_glm.sync
-    return WorkerSync(sync.mode, resolved_transport(cfg), sync.bucket_bytes, sync.fault)
+    return WorkerSync(sync.mode, resolved_transport(cfg), sync.bucket_bytes, sync.verify, sync.fault)
 
 
 def _render(report: CheckReport) -> str:

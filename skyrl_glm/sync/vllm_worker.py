@@ -34,11 +34,13 @@ class LoraSyncWorkerExtension:
             self._skyrl_glm_rx = AdapterReceiver(device=device)
         return self._skyrl_glm_rx
 
-    def skyrl_glm_receive(self, manifest_json: str, handle: dict[str, Any], transport: str) -> dict[str, Any]:
+    def skyrl_glm_receive(
+        self, manifest_json: str, handle: dict[str, Any], transport: str, verify: bool = True
+    ) -> dict[str, Any]:
         """Receive and verify one update, then stage it. Never raises: a rejection is returned with its reason."""
         try:
             tx = registry().transport(transport)()
-            adapter = self._skyrl_glm_receiver().receive(manifest_json, handle, tx)
+            adapter = self._skyrl_glm_receiver().receive(manifest_json, handle, tx, verify=bool(verify))
         except UpdateRejected as e:
             return {"ok": False, "reason": e.reason}
         except Exception as e:  # noqa: BLE001 - any failure is a rejection, the old adapter keeps serving

@@ -1,10 +1,10 @@
-"""Policy workers whose LoRA sync goes through skyrl-glm (plan -> transport -> receiver), and what the check
-needs from them.
+"""The strategy-independent half of a policy worker whose LoRA sync goes through skyrl-glm (plan -> transport ->
+receiver), and what the check needs from a worker.
 
-SkyRL 0.4's FSDP worker syncs LoRA only through files (``lora.sync_mode=memory`` is Megatron-only there);
-:class:`FSDPPolicyWorkerBase` here adds the in-memory path. ``skyrl_glm.sync.mode=disk`` keeps SkyRL's own
-file sync. The trainer hands each worker its ``skyrl_glm.sync`` settings (:meth:`GlmSyncMixin.skyrl_glm_configure`)
-before the weight-sync setup, because a worker only sees ``cfg.trainer``.
+Mixed in before SkyRL's FSDP (:mod:`skyrl_glm.skyrl.fsdp`) or Megatron (:mod:`skyrl_glm.skyrl.megatron`) policy
+worker. ``skyrl_glm.sync.mode=disk`` keeps SkyRL's own file sync. The trainer hands each worker its
+``skyrl_glm.sync`` settings (:meth:`GlmSyncMixin.skyrl_glm_configure`) before the weight-sync setup, because a
+worker only sees ``cfg.trainer``. Nothing here imports SkyRL's worker modules (they need CUDA-only packages).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import ray
 import torch
-from skyrl.backends.skyrl_train.workers.fsdp import fsdp_worker
 
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.publish import ServerPublisher
@@ -32,6 +30,7 @@ class WorkerSync:
     mode: str
     transport: str
     bucket_bytes: int
+    verify: bool = True
     fault: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,7 +100,9 @@ class GlmSyncMixin:
             else:
                 if self._glm_publisher is None:
                     transport = registry().transport(self._glm_sync.transport)()
-                    self._glm_publisher = ServerPublisher(client, transport, self._glm_sync.bucket_bytes)
+                    self._glm_publisher = ServerPublisher(
+                        client, transport, self._glm_sync.bucket_bytes, self._glm_sync.verify
+                    )
                 tensors, config = adapter
                 result = await self._glm_publisher.publish(tensors, config, lora_name, self._glm_version)
             self._glm_last = {"ok": result.ok, "version": result.version, "reason": result.reason, **result.timings}
@@ -141,29 +142,3 @@ class GlmSyncMixin:
     def skyrl_glm_lora_b_max(self) -> float:
         """max |B| over this rank's LoRA B shards (0.0 while the adapter is still at its initialisation)."""
         return max((float(self._local(p).abs().max()) for p in self._glm_lora_b_params()), default=0.0)
-
-
-class FSDPPolicyWorkerBase(GlmSyncMixin, fsdp_worker.FSDPPolicyWorkerBase):
-    """SkyRL's FSDP2 policy worker with skyrl-glm's in-memory LoRA sync."""
-
-    def _glm_skips_transfer_engine(self) -> bool:
-        # FSDP LoRA never uses SkyRL's weight-transfer engine (it syncs files, or skyrl-glm's transport): skip its
-        # NCCL rendezvous (weight_senders.py:157), which would also fail on CPU.
-        return self._is_lora
-
-    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        from skyrl.backends.skyrl_train.distributed.fsdp_utils import collect_lora_params
-
-        tensors = collect_lora_params(module=self.model.model)  # full_tensor(): a collective over the FSDP mesh
-        if torch.distributed.get_rank() != 0:
-            return None
-        peft_model = getattr(self.model.model, "_fsdp_wrapped_module", self.model.model)
-        return dict(tensors), peft_model.peft_config["default"].to_dict()
-
-    def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
-        return (p for n, p in self.model.model.named_parameters() if "lora_B" in n)
-
-
-def fsdp_workers() -> tuple[Any, Any, Any]:
-    """``(PolicyWorker, CriticWorker, RefWorker)`` Ray actor classes for ``trainer.strategy=fsdp``."""
-    return ray.remote(num_gpus=1)(FSDPPolicyWorkerBase), fsdp_worker.CriticWorker, fsdp_worker.RefWorker

@@ -1,0 +1,97 @@
+"""SkyRL 0.4's real GRPO loop on CPU (Ray, FSDP2 policy worker, SkyRL's vLLM server + router, the `aime` env)
+with skyrl-glm's sync and check inside it: the tiny recipe, once per sync mode, and once with a broken sync.
+
+Each run is a `skyrl-glm train` subprocess (about 100 s on 2 cores: Ray, the vLLM CPU server and the policy
+worker start per run) and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = "recipes/tiny_cpu_grpo.yaml"
+SECONDS_PER_SYNC: dict[str, list[float]] = {}
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+def train(tmp: Path, cache: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    paths = [f"trainer.{key}={tmp / key}" for key in ("export_path", "ckpt_path", "log_path")]
+    args = [*paths, f"trainer.policy.model.lora.lora_sync_path={tmp / 'lora_sync'}", *overrides]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SKYRL_GLM_CACHE": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "skyrl_glm.cli", "train", RECIPE, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=540,
+    )
+    summary_file = tmp / "log_path" / "skyrl_glm_summary.json"
+    return proc, json.loads(summary_file.read_text()) if summary_file.is_file() else None
+
+
+def tail(proc: subprocess.CompletedProcess[str]) -> str:
+    return (proc.stdout + proc.stderr)[-6000:]
+
+
+def assert_trained_and_checked(summary: dict[str, Any], mode: str) -> None:
+    assert summary["sync_mode"] == mode
+    # one sync before step 1, one after each of the 2 steps
+    assert len(summary["syncs"]) == 3, summary["syncs"]
+    assert summary["check"]["passed"], summary["check"]
+    steps = summary["check"]["report"]["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5] and all(s["passed"] for s in steps)
+    assert [a["sync"] for a in summary["agree"]] == [2, 3] and all(a["passed"] for a in summary["agree"])
+    last = summary["agree"][-1]
+    assert last["lora_b_max"] > 0, "LoRA B never left its zero initialisation: nothing trained"
+    # after the last sync the sampler's logprobs match the trainer's (tolerances of the recipe's check)
+    assert last["prefill_max"] <= 1e-2 and last["decode_max"] <= 1e-2, last
+    SECONDS_PER_SYNC[mode] = [s["seconds"] for s in summary["syncs"]]
+
+
+def test_memory_sync_trains_two_grpo_steps_without_writing_an_adapter(tmp_path: Path, model_cache: Path) -> None:
+    proc, summary = train(tmp_path, model_cache)
+    assert proc.returncode == 0, tail(proc)
+    assert summary is not None
+    assert_trained_and_checked(summary, "memory")
+    # every sync went through skyrl-glm's publisher (versions count up, plan and receive timed) ...
+    assert [s["version"] for s in summary["syncs"]] == sorted(s["version"] for s in summary["syncs"])
+    assert all(s["ok"] and s["receive_s"] > 0 for s in summary["syncs"])
+    # ... and no adapter file was written: SkyRL's LoRA sync directory stays empty
+    sync_dir = tmp_path / "lora_sync"
+    assert not sync_dir.exists() or not any(sync_dir.iterdir()), list(sync_dir.iterdir())
+
+
+def test_disk_sync_runs_the_same_recipe(tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.mode=disk")
+    assert proc.returncode == 0, tail(proc)
+    assert summary is not None
+    assert_trained_and_checked(summary, "disk")
+    assert (tmp_path / "lora_sync" / "adapter_model.safetensors").is_file()  # SkyRL's own file sync ran
+    with capsys.disabled():
+        for mode, seconds in SECONDS_PER_SYNC.items():
+            print(f"\n[skyrl-glm] {mode} sync, seconds per sync: {' '.join(f'{s:.3f}' for s in seconds)}")
+
+
+def test_a_broken_sync_aborts_at_the_first_check_with_the_report(tmp_path: Path, model_cache: Path) -> None:
+    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.fault=no-publish")
+    assert proc.returncode == 1, tail(proc)
+    assert summary is None  # stopped before training finished
+    assert "stopped by the handoff check" in proc.stderr, tail(proc)
+    report = proc.stderr[proc.stderr.index("stopped by the handoff check") :]
+    assert "five-step handoff check" in report and "FAIL at step 5 (agree again)" in report, report
+    assert "Finished: 'step'" not in proc.stdout + proc.stderr  # no training step ran
