@@ -136,22 +136,13 @@ def test_impossible_combinations_are_config_errors(overrides: list[str], what: s
 
 
 def test_auto_transport_resolution() -> None:
+    base = ["trainer.policy.model.lora.rank=8", "skyrl_glm.sync.mode=disk"]
     assert resolved_transport(load_config("tiny_cpu_grpo")) == "cpu"
-    gpu = load_config(None, ["trainer.policy.model.lora.rank=8", "skyrl_glm.sync.mode=disk"])
-    assert resolved_transport(gpu) == "ipc"  # SkyRL colocates by default
-    assert (
-        resolved_transport(
-            load_config(
-                None,
-                [
-                    "trainer.policy.model.lora.rank=8",
-                    "skyrl_glm.sync.mode=disk",
-                    "trainer.placement.colocate_all=false",
-                ],
-            )
-        )
-        == "nccl"
-    )
+    assert resolved_transport(load_config(None, base)) == "ipc"  # SkyRL colocates by default
+    one_node = load_config(None, [*base, "trainer.placement.colocate_all=false"])
+    assert resolved_transport(one_node) == "cpu"
+    nodes = load_config(None, [*base, "trainer.placement.colocate_all=false", "trainer.placement.policy_num_nodes=2"])
+    assert resolved_transport(nodes) == "nccl"
 
 
 def test_cli_bad_input_is_one_line_and_exit_2() -> None:

@@ -54,7 +54,8 @@ class SyncSection:
     mode: Literal["memory", "disk"] = "memory"
     """``memory``: skyrl-glm's plan -> transport -> receiver, no file written; ``disk``: SkyRL's own PEFT-file sync."""
     transport: Literal["auto", "nccl", "ipc", "cpu"] = "auto"
-    """``auto``: ``cpu`` (shared memory) in CPU mode, ``ipc`` when colocated, else ``nccl``."""
+    """``auto``: ``ipc`` when colocated on GPUs, ``cpu`` (shared memory, same host) when the trainer is on one node,
+    else ``nccl``."""
     verify: bool = True
     """Receiver checks checksums and finiteness of every tensor (structure is always checked)."""
     bucket_mb: int = DEFAULT_BUCKET_BYTES >> 20
@@ -139,11 +140,14 @@ SkyRLGlmConfig = make_glm_config()
 
 
 def resolved_transport(cfg: Any) -> str:
-    """``skyrl_glm.sync.transport`` with ``auto`` resolved: shared memory on CPU, CUDA IPC when colocated, else NCCL."""
+    """``skyrl_glm.sync.transport`` with ``auto`` resolved: CUDA IPC when colocated on GPUs, shared memory when the
+    trainer is on one node (CPU mode included), NCCL across nodes."""
     transport = cfg.skyrl_glm.sync.transport
     if transport != "auto":
         return transport
-    return "cpu" if cfg.skyrl_glm.cpu else ("ipc" if cfg.trainer.placement.colocate_all else "nccl")
+    if cfg.trainer.placement.colocate_all and not cfg.skyrl_glm.cpu:
+        return "ipc"
+    return "cpu" if cfg.trainer.placement.policy_num_nodes == 1 else "nccl"
 
 
 def check_consistency(cfg: Any) -> None:
@@ -165,7 +169,7 @@ def check_consistency(cfg: Any) -> None:
     if glm.sync.mode == "memory" and resolved_transport(cfg) == "nccl":
         raise ConfigError(
             "skyrl_glm.sync.transport: nccl inside SkyRL needs a process group with the vLLM workers, which is not "
-            "built yet; use ipc (colocated), cpu (same host) or skyrl_glm.sync.mode=disk"
+            "built yet; use ipc (colocated), cpu (trainer and vLLM on one host) or skyrl_glm.sync.mode=disk"
         )
     if glm.sync.fault != "none" and glm.sync.mode != "memory":
         raise ConfigError(
