@@ -140,9 +140,12 @@ def test_cli_train_dry_run(capsys):
     assert err == "error: command line: trainer.sed: unknown key (did you mean trainer.seed?)"
 
 
-def test_cli_validate_show_list(capsys):
+def test_cli_validate_show_list(tmp_path, capsys):
     assert main(["recipes", "validate", "glm53_dapo_math"]) == 0
     assert "ok glm53_dapo_math" in capsys.readouterr().out
+    own = _write(tmp_path, "base: glm53_dapo_math\ntrainer:\n  policy:\n    model:\n      path: /models/GLM-5.3\n")
+    assert main(["recipes", "validate", own]) == 0
+    assert "/models/GLM-5.3" in capsys.readouterr().out
     assert main(["recipes", "show", "glm53_flash_dapo_math_2node"]) == 0
     assert "base: dapo_math_base" in capsys.readouterr().out
     assert main(["recipes", "list"]) == 0
