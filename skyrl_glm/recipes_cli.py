@@ -197,7 +197,14 @@ def dry_run(recipe: str, overrides: list[str], args: argparse.Namespace | None =
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    import logging
+
     from skyrl_glm.dapo.data import DataError, prepare
+
+    if not args.verbose:  # `datasets` logs a load failure itself; the one error line below says it
+        from datasets.utils import logging as datasets_logging
+
+        datasets_logging.set_verbosity(logging.CRITICAL)
 
     try:
         out = prepare(args.dataset, args.input, Path(args.output), limit=args.limit)

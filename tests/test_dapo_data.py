@@ -40,6 +40,19 @@ def test_aime_jsonl_one_row_per_problem_with_its_own_data_source(tmp_path):
     assert {r["data_source"] for r in rows} == {"aime2024"}  # SkyRL names eval metrics and dumps by it
 
 
+def test_datasets_id_path_on_a_local_dataset_repo(tmp_path):
+    # `--input NAME[:split]` goes through datasets.load_dataset(NAME, split=...), as for a hub id; here NAME is a
+    # local directory laid out like the public dataset repos (data/<file>.parquet), since there is no hub access.
+    repo = tmp_path / "AIME-2024"
+    (repo / "data").mkdir(parents=True)
+    _jsonl_to_parquet(AIME_JSONL, repo / "data" / "aime-2024.parquet")
+    out = prepare("aime2024", str(repo), tmp_path / "o1")
+    assert (out.rows_in, out.rows_out) == (12, 3)
+    assert prepare("aime2024", f"{repo}:train", tmp_path / "o2").rows_out == 3
+    with pytest.raises(ValueError, match="test"):  # datasets names the unknown split
+        prepare("aime2024", f"{repo}:test", tmp_path / "o3")
+
+
 def test_bare_problem_answer_rows_get_the_dapo_instruction(tmp_path):
     src = tmp_path / "aime.jsonl"
     src.write_text(json.dumps({"Problem": "Find 6 * 7.", "Answer": 42}) + "\n")
@@ -87,11 +100,40 @@ def test_rows_outside_the_schema_are_named(tmp_path, rows, message):
 def test_cli_prepare_and_bad_input_exit_2(tmp_path, capsys):
     assert main(["data", "prepare", "aime2024", "--input", str(AIME_JSONL), "--output", str(tmp_path)]) == 0
     assert "3 prompts" in capsys.readouterr().out
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"PAR1 not really a parquet file")
+    (tmp_path / "repo" / "data").mkdir(parents=True)
+    _jsonl_to_parquet(AIME_JSONL, tmp_path / "repo" / "data" / "aime-2024.parquet")
     for argv in (
         ["data", "prepare", "aime2024", "--input", str(tmp_path / "missing.parquet"), "--output", str(tmp_path)],
-        ["data", "prepare", "aime2024", "--input", str(DATA), "--output", str(tmp_path)],
+        ["data", "prepare", "aime2024", "--input", str(DATA / "README"), "--output", str(tmp_path)],
+        ["data", "prepare", "aime2024", "--input", str(corrupt), "--output", str(tmp_path)],
+        ["data", "prepare", "aime2024", "--input", str(tmp_path / "repo:test"), "--output", str(tmp_path)],
         ["data", "prepare", "aime2024", "--input", str(AIME_JSONL), "--output", str(tmp_path), "--limit", "0"],
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_corrupt_input_is_one_line_on_the_real_stderr(tmp_path):
+    # In a fresh process: `datasets` logs load failures through its own handlers, which capsys does not see.
+    import os
+    import subprocess
+    import sys
+
+    corrupt = tmp_path / "x.parquet"
+    corrupt.write_bytes(b"PAR1 not a parquet file")
+    argv = ["data", "prepare", "aime2024", "--input", str(corrupt), "--output", str(tmp_path / "o")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "skyrl_glm.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
+    ]
+    assert not (tmp_path / "o").exists()

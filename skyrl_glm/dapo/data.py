@@ -60,25 +60,23 @@ class Prepared:
 
 
 def load_rows(source: str) -> list[dict[str, Any]]:
-    """Rows of a parquet or JSON-lines file, or of a ``datasets`` id (``name`` or ``name:split``, default train)."""
+    """Rows of a parquet or JSON-lines file, or of a ``datasets`` dataset: a hub id or a local dataset directory
+    (``name`` or ``name:split``, default split ``train``), loaded by ``datasets.load_dataset``."""
     import datasets
 
     datasets.disable_progress_bars()
     path = Path(source)
-    if path.exists():
+    if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".parquet":
-            ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
-        elif suffix in (".jsonl", ".json"):
-            ds = datasets.load_dataset("json", data_files=str(path), split="train")
-        else:
-            raise DataError(f"{source}: expected a .parquet or .jsonl file, got {suffix or 'no suffix'}")
-    elif path.suffix.lower() in (".parquet", ".jsonl", ".json") or source.startswith((".", "/", "~")):
-        raise DataError(f"{source}: no such file")
-    else:
-        name, _, split = source.partition(":")
-        ds = datasets.load_dataset(name, split=split or "train")
-    return [dict(row) for row in ds]
+            return [dict(row) for row in datasets.load_dataset("parquet", data_files=str(path), split="train")]
+        if suffix in (".jsonl", ".json"):
+            return [dict(row) for row in datasets.load_dataset("json", data_files=str(path), split="train")]
+        raise DataError(f"{source}: expected a .parquet or .jsonl file, got {suffix or 'no suffix'}")
+    name, _, split = source.partition(":")
+    if not Path(name).is_dir() and (Path(name).suffix.lower() in (".parquet", ".jsonl", ".json") or name[:1] in "./~"):
+        raise DataError(f"{source}: no such file or dataset directory")
+    return [dict(row) for row in datasets.load_dataset(name, split=split or "train")]
 
 
 def _field(row: dict[str, Any], *names: str) -> Any:
