@@ -135,5 +135,4 @@ def test_corrupt_input_is_one_line_on_the_real_stderr(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
-    ]
     assert not (tmp_path / "o").exists()
