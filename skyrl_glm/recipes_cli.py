@@ -231,11 +231,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except ReportError as e:
         return _error(str(e))
     print_table(points, console)
-    png = Path(args.png) if args.png else Path(args.run_dir) / "eval_report.png"
-    console.print(f"wrote {plot(points, png)}", highlight=False)
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(points), indent=2))
         console.print(f"wrote {args.json}", highlight=False)
+    png = Path(args.png) if args.png else Path(args.run_dir) / "eval_report.png"
+    try:
+        console.print(f"wrote {plot(points, png)}", highlight=False)
+    except ImportError:
+        return _error("the PNG needs matplotlib: pip install 'skyrl-glm[plot]' (the table above is complete)")
     return 0
 
 

@@ -92,6 +92,7 @@ def test_report_bad_run_dirs(tmp_path, capsys):
     (broken / "aime2024.jsonl").write_text('{"score": 1.0, "input_prompt": "p"}\nnot json\n')
     with pytest.raises(ReportError, match=r"aime2024.jsonl:2: not JSON"):
         collect(tmp_path)
+    assert dumped_eval_metrics(tmp_path, 1) == {}  # the trainer's eval hook logs a warning, training goes on
     for run_dir in (tmp_path, tmp_path / "missing"):
         assert main(["report", str(run_dir)]) == 2
         err = capsys.readouterr().err.strip()

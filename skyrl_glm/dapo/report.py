@@ -11,11 +11,13 @@ length in tokens, and the share of responses that stopped at the length cap (``s
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^global_step_(\d+)_evals$")
 AGGREGATED = "aggregated_results.jsonl"
 
@@ -180,17 +182,22 @@ def to_json(points: list[EvalPoint]) -> list[dict]:
 
 def dumped_eval_metrics(export_path: str | Path, step: int) -> dict[str, float]:
     """Tracker metrics of the eval SkyRL just dumped at ``step``: per eval set ``eval/<set>/accuracy_mean_at_n`` and
-    ``eval/<set>/cap_share`` (SkyRL's own eval metrics have neither). Empty when nothing was dumped."""
+    ``eval/<set>/cap_share`` (SkyRL's own eval metrics have neither). Empty when nothing (readable) was dumped:
+    a metrics add-on never stops a training run."""
     eval_dir = Path(export_path) / "dumped_evals" / f"global_step_{step}_evals"
     if not eval_dir.is_dir():
         return {}
     metrics = {}
-    for path in sorted(eval_dir.glob("*.jsonl")):
-        if path.name == AGGREGATED:
-            continue
-        records = _read_jsonl(path)
-        if records:
-            point = summarise(step, path.stem, records, None)
-            metrics[f"eval/{point.data_source}/accuracy_mean_at_n"] = point.accuracy
-            metrics[f"eval/{point.data_source}/cap_share"] = point.cap_share
+    try:
+        for path in sorted(eval_dir.glob("*.jsonl")):
+            if path.name == AGGREGATED:
+                continue
+            records = _read_jsonl(path)
+            if records:
+                point = summarise(step, path.stem, records, None)
+                metrics[f"eval/{point.data_source}/accuracy_mean_at_n"] = point.accuracy
+                metrics[f"eval/{point.data_source}/cap_share"] = point.cap_share
+    except ReportError as e:
+        log.warning("eval accuracy / cap share not logged: %s", e)
+        return {}
     return metrics
