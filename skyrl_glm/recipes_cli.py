@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console(width=140)
+console = Console(width=140, soft_wrap=True)
 err_console = Console(stderr=True, width=140)
 
 RAY_PORT = 6379
@@ -105,8 +105,11 @@ def _layout_line(cfg: Any) -> str:
         f"{e.num_engines} x {e.backend} (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size} x DP "
         f"{e.data_parallel_size}, EP {e.expert_parallel_size})"
     )
+    from skyrl_glm.skyrl.config import resolved_transport
+
     lora = t.policy.model.lora
-    return f"trainer {trainer}; sampler {sampler}; LoRA r{lora.rank}/alpha {lora.alpha}"
+    sync = f"{cfg.skyrl_glm.sync.mode} sync via {resolved_transport(cfg)}"
+    return f"trainer {trainer}; sampler {sampler}; LoRA r{lora.rank}/alpha {lora.alpha}; {sync}"
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from skyrl.train.utils.utils import validate_cfg
 from skyrl_glm.cli import main
 from skyrl_glm.plugins import registry
 from skyrl_glm.recipes_cli import build, dry_run
-from skyrl_glm.skyrl.config import ConfigError, load_config, packaged_recipes
+from skyrl_glm.skyrl.config import ConfigError, load_config, packaged_recipes, resolved_transport
 
 GLM_RECIPES = {"glm53_dapo_math": "glm-5.3", "glm53_flash_dapo_math_2node": "glm-5.3-flash"}
 
@@ -47,6 +47,7 @@ def test_recipe_promises(recipe):
     assert t.algorithm.dynamic_sampling.type == "filter"
     assert glm.overlong.buffer_len == 4096 and glm.overlong.buffer_len < g.sampling_params.max_generate_length
     assert glm.sync.mode == "memory" and glm.check.before_training and glm.check.on_failure == "abort"
+    assert t.placement.colocate_all and resolved_transport(cfg) == "ipc"  # in-memory sync over CUDA IPC
     assert glm.hardware.stated and glm.hardware.gpu == "H200"
     lora = t.policy.model.lora
     assert lora.rank == 32 and lora.share_expert_adapters and not t.policy.megatron_config.lora_config.merge_lora
