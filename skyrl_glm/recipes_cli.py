@@ -50,18 +50,10 @@ def _config_errors() -> tuple[type[Exception], ...]:
     return (ConfigError,)
 
 
-def build(recipe: str, overrides: list[str]) -> Any:
-    """The typed config of a recipe with overrides, after the recipe's own promises are checked.
+def _load(recipe: str, overrides: list[str]) -> Any:
+    from skyrl_glm.skyrl.config import load_config  # also checks layout vs hardware and sampler-safe LoRA targets
 
-    Raises the loader's ``ConfigError`` (one line, file and key) for anything wrong."""
-    from skyrl_glm.skyrl.config import ConfigError, load_config
-    from skyrl_glm.skyrl.recipe_rules import problems
-
-    cfg = load_config(recipe, overrides)
-    found = problems(cfg)
-    if found:
-        raise ConfigError(f"{recipe}: {found[0]}" + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
-    return cfg
+    return load_config(recipe, overrides)
 
 
 def _first_comment(path: Path) -> str:
@@ -124,7 +116,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for name in packaged_recipes():
         path = resolve_recipe(name)
         try:
-            cfg = build(name, [])
+            cfg = _load(name, [])
             model = cfg.trainer.policy.model.path
             hardware = _hardware_line(cfg) if model else "-"
             model = model or "(a base for other recipes)"
@@ -150,7 +142,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     _quiet(args)
     try:
-        cfg = build(args.recipe, args.overrides)
+        cfg = _load(args.recipe, args.overrides)
     except _config_errors() as e:
         return _error(str(e))
     console.print(f"[green]ok[/] {args.recipe}: {cfg.trainer.policy.model.path}", highlight=False)
@@ -181,7 +173,7 @@ def dry_run(recipe: str, overrides: list[str], args: argparse.Namespace | None =
 
     _quiet(args)
     try:
-        cfg = build(recipe, overrides)
+        cfg = _load(recipe, overrides)
     except _config_errors() as e:
         return _error(str(e))
     print(config_yaml(cfg), end="")

@@ -11,7 +11,7 @@ from skyrl.train.utils.utils import validate_cfg
 
 from skyrl_glm.cli import main
 from skyrl_glm.plugins import registry
-from skyrl_glm.recipes_cli import build, dry_run
+from skyrl_glm.recipes_cli import dry_run
 from skyrl_glm.skyrl.config import ConfigError, load_config, packaged_recipes, resolved_transport
 
 GLM_RECIPES = {"glm53_dapo_math": "glm-5.3", "glm53_flash_dapo_math_2node": "glm-5.3-flash"}
@@ -19,7 +19,7 @@ GLM_RECIPES = {"glm53_dapo_math": "glm-5.3", "glm53_flash_dapo_math_2node": "glm
 
 @pytest.fixture(scope="module", params=sorted(GLM_RECIPES))
 def recipe(request):
-    return request.param, build(request.param, [])
+    return request.param, load_config(request.param)
 
 
 def test_packaged(recipe):
@@ -98,7 +98,7 @@ def test_wrong_type_names_file_and_key(tmp_path):
 )
 def test_broken_promises_refused(overrides, message):
     with pytest.raises(ConfigError) as e:
-        build("glm53_dapo_math", overrides)
+        load_config("glm53_dapo_math", overrides)
     assert message in str(e.value)
 
 
@@ -168,3 +168,13 @@ def test_cli_bad_input_one_line_exit_2(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_train_refuses_a_target_the_sampler_ignores_before_starting_anything(capsys):
+    from skyrl_glm.train import run_command
+
+    bad = "trainer.policy.model.lora.target_modules=[linear_proj,linear_kv_up_proj]"
+    assert run_command(["glm53_flash_dapo_math_2node", bad]) == 2
+    err = capsys.readouterr().err
+    assert "command line: trainer.policy.model.lora.target_modules: the sampler ignores linear_kv_up_proj" in err
+    assert not ray.is_initialized()

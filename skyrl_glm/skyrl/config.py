@@ -27,6 +27,7 @@ from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfi
 
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
+from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 
 BASE_KEY = "base"
@@ -364,6 +365,8 @@ def load_config(
     try:
         cfg = config_cls.from_cli_overrides(_flatten(values))
         check_consistency(cfg)
+        if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer
+            raise ConfigError(found[0])
         return cfg
     except ConfigError as e:
         raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None

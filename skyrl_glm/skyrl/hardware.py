@@ -76,7 +76,7 @@ def layout_problem(cfg: Any) -> str | None:
         )
     if cfg.trainer.placement.policy_num_gpus_per_node > hw.gpus_per_node:
         return (
-            f"trainer.placement.policy_num_gpus_per_node={cfg.trainer.placement.policy_num_gpus_per_node} "
+            f"trainer.placement.policy_num_gpus_per_node: {cfg.trainer.placement.policy_num_gpus_per_node} "
             f"exceeds skyrl_glm.hardware.gpus_per_node={hw.gpus_per_node}"
         )
     return None
