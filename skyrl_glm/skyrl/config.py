@@ -371,7 +371,8 @@ def load_config(
     except ConfigError as e:
         raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None
     except (ValueError, TypeError, AssertionError, OmegaConfBaseException) as e:
-        raise ConfigError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{_source_of(layers, message, where)}: {message}") from None
 
 
 def config_yaml(cfg: SkyRLTrainConfig) -> str:

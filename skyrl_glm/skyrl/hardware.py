@@ -27,7 +27,7 @@ class HardwareConfig:
     def __post_init__(self) -> None:
         for name in ("gpu_memory_gb", "nodes", "gpus_per_node", "host_memory_gb"):
             if getattr(self, name) < 0:
-                raise ValueError(f"skyrl_glm.hardware.{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"skyrl_glm.hardware.{name}: must be >= 0, got {getattr(self, name)}")
 
     @property
     def stated(self) -> bool:

@@ -24,9 +24,9 @@ class OverlongPenaltyConfig:
 
     def __post_init__(self) -> None:
         if self.buffer_len < 0:
-            raise ValueError(f"skyrl_glm.overlong.buffer_len must be >= 0, got {self.buffer_len}")
+            raise ValueError(f"skyrl_glm.overlong.buffer_len: must be >= 0, got {self.buffer_len}")
         if self.penalty_factor < 0:
-            raise ValueError(f"skyrl_glm.overlong.penalty_factor must be >= 0, got {self.penalty_factor}")
+            raise ValueError(f"skyrl_glm.overlong.penalty_factor: must be >= 0, got {self.penalty_factor}")
 
 
 def overlong_penalty(length: int, cap: int, buffer_len: int, penalty_factor: float) -> float:
