@@ -37,7 +37,7 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
     from skyrl_glm.lora.sizes import family_sizes, print_sizes_table
 
     family = registry().model(args.model)
-    targets = [t.strip() for t in args.lora_targets.split(",")] if args.lora_targets else None
+    targets = None if args.lora_targets is None else [t for t in args.lora_targets.split(",") if t.strip()]
     rows = [family_sizes(family, full=not args.tiny, rank=args.rank, targets=targets)]
     print_sizes_table(rows, console)
     return 0
@@ -52,16 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     tiny = sub.add_parser("tiny", help="tiny random-weight checkpoints").add_subparsers(dest="tiny_cmd", required=True)
     make = tiny.add_parser("make", help="write a tiny checkpoint + tokenizer for a registered model family")
-    make.add_argument("model")
+    make.add_argument("model", choices=sorted(registry().models))
     make.add_argument("outdir")
     make.add_argument("--seed", type=int, default=0)
     make.set_defaults(func=_cmd_tiny_make)
 
     sizes = sub.add_parser("sizes", help="public vs unique adapter tensors and bytes, from config shapes only")
-    sizes.add_argument("model", nargs="?", default="glm-5.3")
+    sizes.add_argument("model", nargs="?", default="glm-5.3", choices=sorted(registry().models))
     sizes.add_argument("--rank", type=int, default=32)
     sizes.add_argument("--tiny", action="store_true", help="the tiny config instead of the full one")
-    sizes.add_argument("--lora-targets", help="comma-separated HF target names (default: the policy's)")
+    sizes.add_argument(
+        "--lora-targets",
+        help="LoRA targets, comma-separated: qualified, PEFT short (q_a_proj) or Megatron (linear_fc1)",
+    )
     sizes.set_defaults(func=_cmd_sizes)
 
     for module in _command_modules():
@@ -72,11 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that live beside the code they run (each module has ``add_parser(subparsers)``).
 def _command_modules() -> list:
     from skyrl_glm import recipes_cli
+    from skyrl_glm.bench import cli as bench_cli
     from skyrl_glm.check import cli as check_cli
     from skyrl_glm.skyrl import cli as train_cli
-    from skyrl_glm.sync import bench
 
-    return [check_cli, bench, train_cli, recipes_cli]
+    return [check_cli, bench_cli, train_cli, recipes_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -88,11 +88,20 @@ def _start_ray(cfg: Any) -> None:
         initialize_ray(cfg)
         return
     from skyrl.backends.skyrl_train.utils.ppo_utils import sync_registries
+    from skyrl.env_vars import SKYRL_DUMP_INFRA_LOG_TO_STDOUT
 
     from skyrl_glm.skyrl import cpu
 
     cpu.install()
-    kwargs = cpu.ray_init_kwargs(prepare_runtime_environment(cfg))
+    env_vars = prepare_runtime_environment(cfg)
+    if not SKYRL_DUMP_INFRA_LOG_TO_STDOUT:
+        # As SkyRL's initialize_ray (which cannot be given logical GPUs): vLLM's and the workers' logs go to a
+        # file, the training progress stays on stdout; SKYRL_DUMP_INFRA_LOG_TO_STDOUT=1 shows everything.
+        os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
+        log_dir = Path(cfg.trainer.log_path).resolve()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env_vars["SKYRL_LOG_FILE"] = os.environ["SKYRL_LOG_FILE"] = str(log_dir / f"infra-{os.getpid()}.log")
+    kwargs = cpu.ray_init_kwargs(env_vars)
     address = os.environ.get("RAY_ADDRESS")
     if address:  # a running cluster brings its own (logical) GPUs
         kwargs.pop("num_gpus")

@@ -9,7 +9,10 @@ import pytest
 import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_alpha_for_vllm
 
-from skyrl_glm.sync import bench
+from skyrl_glm.bench import cli, report
+from skyrl_glm.bench.procs import StoreChannel, free_port
+from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
+from skyrl_glm.lora.bridge import adapter_config
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
@@ -17,12 +20,12 @@ from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    bench.add_parser(parser.add_subparsers(dest="command", required=True))
+    cli.add_parser(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def bench_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "sync.json"
     args = _parser().parse_args(
         ["bench", "sync", "--config", "tiny", "--rank", "8", "--warmup", "0", "--json", str(out)]
@@ -31,26 +34,26 @@ def report(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-def test_report_has_all_paths_and_sizes(report):
-    assert set(report["paths"]) == {"skyrl", "ours", "disk"}
-    a = report["adapter"]
+def test_report_has_all_paths_and_sizes(bench_report):
+    assert set(bench_report["paths"]) == {"skyrl", "ours", "disk"}
+    a = bench_report["adapter"]
     assert a["public_tensors"] > a["unique_tensors"] > 0
     assert a["public_bytes"] > a["unique_bytes"] > 0
-    ours, skyrl = report["paths"]["ours"], report["paths"]["skyrl"]
+    ours, skyrl = bench_report["paths"]["ours"], bench_report["paths"]["skyrl"]
     assert ours["sent_tensors"] == a["unique_tensors"]  # exact dedup: every unique tensor once, nothing else
     assert skyrl["sent_tensors"] >= ours["sent_tensors"]  # SkyRL dedups routed experts only
     for p in ("ours", "skyrl", "disk"):
-        assert set(report["paths"][p]["stages_s"]) == set(bench.STAGES)
-        assert report["paths"][p]["total_s"] > 0
+        assert set(bench_report["paths"][p]["stages_s"]) == set(report.STAGES)
+        assert bench_report["paths"][p]["total_s"] > 0
     for st in ("fold", "dedup", "checksum", "transfer", "verify", "rebuild"):
         assert ours["stages_s"][st] is not None
-    assert ours["stages_s"]["load"] is None and report["skipped"]["load"].startswith("skipped")
+    assert ours["stages_s"]["load"] is None and bench_report["skipped"]["load"].startswith("skipped")
 
 
-def test_every_path_rebuilt_every_public_name_bit_exactly(report):
-    n = report["adapter"]["public_tensors"]
+def test_every_path_rebuilt_every_public_name_bit_exactly(bench_report):
+    n = bench_report["adapter"]["public_tensors"]
     for p in ("ours", "skyrl", "disk"):
-        v = report["paths"][p]["verified"]
+        v = bench_report["paths"][p]["verified"]
         assert v["bit_exact"], (p, v)
         assert v["received_names"] == v["public_names"] == n
 
@@ -59,10 +62,10 @@ def test_every_path_rebuilt_every_public_name_bit_exactly(report):
 def test_our_receiver_rebuilds_the_folded_input(copies):
     """Independent of the bench's own check: plan -> shm -> receiver, then torch.equal per public name against
     SkyRL's fold of the input dict."""
-    opts = bench.BenchOptions(config="tiny", rank=8, alpha=32.0, copies=copies).resolved()
-    syn = bench.synthetic_adapter(opts)
+    opts = BenchOptions(config="tiny", rank=8, alpha=32.0, copies=copies).resolved()
+    syn = synthetic_adapter(opts)
     public = {n: (syn.unique[k].clone() if copies else syn.unique[k]) for n, k in syn.names.items()}
-    config = bench.adapter_config(opts, syn.targets)
+    config = adapter_config(opts.rank, opts.alpha, syn.targets)
     plan = build_plan(iter(public.items()), adapter_config=config, lora_name="t", version=1, bucket_bytes=4096)
     assert len(plan.manifest.tensors) == len(syn.unique)
     transport = SharedMemoryTransport()
@@ -79,8 +82,8 @@ def test_our_receiver_rebuilds_the_folded_input(copies):
 
 
 def test_layers_cuts_the_full_config():
-    opts = bench.BenchOptions(config="full", layers=1, rank=2).resolved()
-    syn = bench.synthetic_adapter(opts)
+    opts = BenchOptions(config="full", layers=1, rank=2).resolved()
+    syn = synthetic_adapter(opts)
     expert_names = [n for n in syn.names if ".mlp.experts." in n]
     assert len(expert_names) == 256 * 6  # one MoE layer, 256 experts, gate/up/down x A/B
     assert {n.split(".layers.")[1].split(".")[0] for n in expert_names} == {"3"}
@@ -92,9 +95,35 @@ def test_store_channel_carries_a_full_size_manifest():
 
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", bench._free_port(), 1, is_master=True, timeout=datetime.timedelta(seconds=30))
-    chan = bench._StoreChannel(store)
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True, timeout=datetime.timedelta(seconds=30))
+    chan = StoreChannel(store)
     value = json.dumps({"aliases": {f"n{i}": "x" * 40 for i in range(300_000)}})
     assert len(value) > 8 << 20
     chan.put("m", value)
     assert chan.get("m") == value
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--model", "glm-4.5", "--config", "full"],
+            "--config full: model family 'glm-4.5' has no full config (use --config tiny)",
+        ),
+        (["--rank", "0"], "--rank must be >= 1, got 0"),
+        (["--json", "{file}/report.json"], "--json {file}/report.json: {file} is not a directory"),
+        (["--plot", "/"], "--plot /: is a directory"),
+    ],
+    ids=["no-full-config", "rank-0", "unwritable-json", "plot-is-a-dir"],
+)
+def test_bad_arguments_are_refused_before_the_run(extra, message, capsys, monkeypatch, tmp_path):
+    import skyrl_glm.bench.run as run
+
+    file = tmp_path / "a-file"
+    file.write_text("")
+    extra, message = [a.format(file=file) for a in extra], message.format(file=file)
+    monkeypatch.setattr(run, "run_sync_bench", lambda opts: pytest.fail("the run started"))
+    args = _parser().parse_args(["bench", "sync", *extra])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"skyrl-glm bench sync: error: {message}\n"

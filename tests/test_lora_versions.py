@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from skyrl_glm.sync.vllm_engine import LoraVersions, drive
+from skyrl_glm.sync.vllm.versions import LoraVersions, drive
 
 
 class FakeEngine:

@@ -1,8 +1,9 @@
 """SkyRL 0.4's real GRPO loop on CPU (Ray, FSDP2 policy worker, SkyRL's vLLM server + router, the `aime` env)
 with skyrl-glm's sync and check inside it: the tiny recipe, once per sync mode, and once with a broken sync.
 
-Each run is a `skyrl-glm train` subprocess (about 100 s on 2 cores: Ray, the vLLM CPU server and the policy
-worker start per run) and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`.
+Each run is a subprocess through one of the two doors (`skyrl-glm train`, or SkyRL's `main_base` with
+`trainer.override_entrypoint=skyrl_glm.train`), about 100 s on 2 cores (Ray, the vLLM CPU server and the policy
+worker start per run), and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,19 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tiny-models")
 
 
-def train(tmp: Path, cache: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+# The two doors: skyrl-glm's CLI, and SkyRL's own entrypoint handing over to skyrl_glm.train.
+CLI = ("-m", "skyrl_glm.cli", "train")
+SKYRL_MAIN = ("-m", "skyrl.train.entrypoints.main_base", "trainer.override_entrypoint=skyrl_glm.train")
+
+
+def train(
+    tmp: Path, cache: Path, *overrides: str, door: tuple[str, ...] = CLI
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     paths = [f"trainer.{key}={tmp / key}" for key in ("export_path", "ckpt_path", "log_path")]
     args = [*paths, f"trainer.policy.model.lora.lora_sync_path={tmp / 'lora_sync'}", *overrides]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SKYRL_GLM_CACHE": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "skyrl_glm.cli", "train", RECIPE, *args],
+        [sys.executable, *door, RECIPE, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -96,8 +104,13 @@ def report_run_dir(export: Path) -> None:
 def test_disk_sync_runs_the_same_recipe(tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Sampling at T=0.7 as well: SkyRL's trainer divides logits by it and vLLM's logprobs are raw, so the check must
     # score at T=1.0 to agree at the recipe's 1e-2 tolerance (at T=0.7 the gap was 0.68-0.90 in the probe).
+    # Through SkyRL's own entrypoint: `main_base trainer.override_entrypoint=skyrl_glm.train`.
     proc, summary = train(
-        tmp_path, model_cache, "skyrl_glm.sync.mode=disk", "generator.sampling_params.temperature=0.7"
+        tmp_path,
+        model_cache,
+        "skyrl_glm.sync.mode=disk",
+        "generator.sampling_params.temperature=0.7",
+        door=SKYRL_MAIN,
     )
     assert proc.returncode == 0, tail(proc)
     assert summary is not None

@@ -148,3 +148,54 @@ def test_sync_verify_off_skips_only_the_per_tensor_checks() -> None:
             AdapterReceiver().receive(unpaired, handle, tx, verify=False)
     finally:
         tx.release()
+
+
+class SyncingWorker(FakeMegatronWorker):
+    """The mixin's publish step with a stand-in adapter export (the real one is Megatron-Bridge's)."""
+
+    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return {"a.lora_A.weight": torch.ones(2, 8), "a.lora_B.weight": torch.ones(8, 2)}, {"r": 2}
+
+
+class RecordingPublisher:
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.versions: list[int] = []
+
+    async def publish(self, tensors: Any, config: Any, lora_name: str, version: int) -> Any:
+        if self.fail:
+            raise ConnectionError("server gone")
+        self.versions.append(version)
+        from skyrl_glm.sync.update import UpdateResult
+
+        return UpdateResult(True, version, timings={"total_s": 0.0})
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_publish_counts_versions_and_the_no_publish_fault_sends_nothing_after_the_first() -> None:
+    worker = SyncingWorker(merge_lora=False)
+    worker.skyrl_glm_configure({"mode": "memory", "transport": "cpu", "bucket_bytes": 1 << 20, "fault": "no-publish"})
+    worker._glm_publisher = publisher = RecordingPublisher(fail=False)  # type: ignore[assignment]
+    for _ in range(3):
+        asyncio.run(worker._glm_publish(None, "skyrl-lora"))
+    assert publisher.versions == [1]  # versions 2 and 3 "succeeded" without being sent
+    assert worker.skyrl_glm_last_sync() == {"ok": True, "version": 3, "reason": "fault no-publish: nothing sent"}
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_failed_publish_raises_after_the_barrier_with_its_reason() -> None:
+    worker = SyncingWorker(merge_lora=False)
+    worker.skyrl_glm_configure({"mode": "memory", "transport": "cpu", "bucket_bytes": 1 << 20})
+    worker._glm_publisher = RecordingPublisher(fail=True)  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="version 1 failed: ConnectionError: server gone"):
+        asyncio.run(worker._glm_publish(None, "skyrl-lora"))
+    assert worker.skyrl_glm_last_sync()["ok"] is False  # type: ignore[index]

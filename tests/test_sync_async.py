@@ -16,8 +16,8 @@ import torch
 
 from skyrl_glm.check.probes import make_probes
 from skyrl_glm.sync.publisher import InMemoryPublisher
-from skyrl_glm.sync.transports import SharedMemoryTransport
-from skyrl_glm.sync.vllm_engine import greedy_params
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
+from skyrl_glm.sync.vllm.engine import greedy_params
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def loop():
 def async_sampler(glm45_dir, loop):
     from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
     from skyrl_glm.plugins import registry
-    from skyrl_glm.sync.vllm_async import AsyncVllmEngineSampler
+    from skyrl_glm.sync.vllm.async_engine import AsyncVllmEngineSampler
 
     family = registry().model("glm-4.5")
     kwargs = vllm_engine_kwargs(family, glm45_dir, lora_targets=family.lora.resolve(sampler="vllm-cpu"), device="cpu")

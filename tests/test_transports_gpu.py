@@ -1,7 +1,7 @@
 """Transports between two processes, bit-exact: NCCL (2 GPUs), CUDA IPC (2 processes, one GPU), and the
 collective transport over gloo on CPU (runs in CPU CI).
 
-Each test spawns a sender and a receiver process (:func:`skyrl_glm.sync.bench.transfer_roundtrip`): the sender
+Each test spawns a sender and a receiver process (:func:`skyrl_glm.bench.roundtrip.transfer_roundtrip`): the sender
 plans a synthetic Megatron-Bridge-shaped GLM-5.3 adapter and ships it; the receiver rebuilds every public name and
 compares each one, byte for byte, with the sender's public tensor after SkyRL's alpha fold (regenerated from the
 seed in the receiver process). "large" is the full GLM-5.3 rank-32 bf16 adapter: 116k public names, 30.6 GB public,
@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from skyrl_glm.sync.bench import BenchOptions, transfer_roundtrip
+from skyrl_glm.bench.roundtrip import transfer_roundtrip
+from skyrl_glm.bench.synthetic import BenchOptions
 
 _CUDA = torch.cuda.is_available()
 _GPUS = torch.cuda.device_count() if _CUDA else 0
@@ -29,7 +30,7 @@ SIZES = {
 
 def _check(result: dict, opts: BenchOptions) -> None:
     assert result["names_ok"], result
-    assert result["compared"] == result["public_names"] == result["received_names"], result
+    assert result["expected_names"] == result["received_names"] > 0, result
     assert result["mismatched"] == [], result
     assert result["bit_exact"], result
 

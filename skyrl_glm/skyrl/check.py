@@ -21,7 +21,7 @@ from typing import Any
 import ray
 import torch
 
-from skyrl_glm.sync.vllm_engine import UpdateResult
+from skyrl_glm.sync.update import UpdateResult
 
 
 class HandoffCheckFailed(RuntimeError):
@@ -35,12 +35,14 @@ def _on_loop[T](loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -
 class LiveTrainer:
     """Scores token sequences with the policy workers' forward pass, at the workers' current temperature."""
 
-    lora_config: dict[str, Any] = {}  # the live publisher reads the adapter from the workers themselves
-
     def __init__(self, dispatch: Any, policy_group: Any, pad_token_id: int) -> None:
         self.dispatch = dispatch
         self.policy_group = policy_group
         self.pad_token_id = pad_token_id
+
+    @property
+    def lora_config(self) -> dict[str, Any]:
+        return {}  # the live publisher reads the adapter and its config from the workers themselves
 
     def adapter(self) -> dict[str, torch.Tensor]:
         return {}

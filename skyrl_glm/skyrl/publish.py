@@ -20,8 +20,8 @@ from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_pa
 
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.transports.base import Transport
-from skyrl_glm.sync.vllm_engine import UpdateResult
-from skyrl_glm.sync.vllm_worker import staged_name
+from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.sync.vllm.worker import staged_name
 
 
 def _results(responses: Mapping[str, Any]) -> list[Any]:

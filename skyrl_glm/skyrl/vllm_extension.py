@@ -2,7 +2,7 @@
 
 SkyRL's ``VLLMServerActor`` takes one ``worker_extension_cls``; its ``NewInferenceWorkerWrap`` carries the weight
 sync and sleep RPCs SkyRL's loop needs, so this class keeps all of it and adds the ``skyrl_glm_*`` methods of
-:class:`~skyrl_glm.sync.vllm_worker.LoraSyncWorkerExtension`, reached through the servers' ``/collective_rpc``.
+:class:`~skyrl_glm.sync.vllm.worker.LoraSyncWorkerExtension`, reached through the servers' ``/collective_rpc``.
 Set as ``generator.inference_engine.engine_init_kwargs.worker_extension_cls`` by the experiment.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from skyrl.backends.skyrl_train.inference_servers.new_inference_worker_wrap import NewInferenceWorkerWrap
 
-from skyrl_glm.sync.vllm_worker import LoraSyncWorkerExtension
+from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
 
 WORKER_EXTENSION = f"{__name__}.SkyRLGlmWorkerExtension"
 

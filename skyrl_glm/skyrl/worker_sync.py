@@ -9,7 +9,6 @@ worker only sees ``cfg.trainer``. Nothing here imports SkyRL's worker modules (t
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -18,9 +17,7 @@ import torch
 
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.publish import ServerPublisher
-from skyrl_glm.sync.vllm_engine import UpdateResult
-
-log = logging.getLogger(__name__)
+from skyrl_glm.sync.update import UpdateResult
 
 
 @dataclass(frozen=True)
@@ -89,27 +86,35 @@ class GlmSyncMixin:
         raise NotImplementedError
 
     async def _glm_publish(self, client: Any, lora_name: str) -> None:
-        """One in-memory sync of the live adapter (all ranks; rank 0 publishes)."""
+        """One in-memory sync of the live adapter (all ranks; rank 0 publishes). A failure is raised only after
+        the barrier, so the other ranks are not left waiting in it."""
         assert self._glm_sync is not None
         adapter = self._glm_adapter()
+        result = None
         if torch.distributed.get_rank() == 0 and adapter is not None:
             self._glm_version += 1
-            if self._glm_sync.fault == "no-publish" and self._glm_version > 1:
-                # Deliberately broken sync (skyrl_glm.sync.fault): report success, send nothing.
-                result = UpdateResult(True, self._glm_version, reason="fault no-publish: nothing sent")
-            else:
-                if self._glm_publisher is None:
-                    transport = registry().transport(self._glm_sync.transport)()
-                    self._glm_publisher = ServerPublisher(
-                        client, transport, self._glm_sync.bucket_bytes, self._glm_sync.verify
-                    )
-                tensors, config = adapter
-                result = await self._glm_publisher.publish(tensors, config, lora_name, self._glm_version)
+            result = await self._glm_send(client, lora_name, *adapter)
             self._glm_last = {"ok": result.ok, "version": result.version, "reason": result.reason, **result.timings}
-            if not result.ok:
-                raise RuntimeError(f"skyrl-glm LoRA sync of version {self._glm_version} failed: {result.reason}")
-            log.debug("skyrl-glm LoRA sync v%d: %s", self._glm_version, result.timings)
         torch.distributed.barrier()
+        if result is not None and not result.ok:
+            raise RuntimeError(f"skyrl-glm LoRA sync of version {self._glm_version} failed: {result.reason}")
+
+    async def _glm_send(
+        self, client: Any, lora_name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]
+    ) -> UpdateResult:
+        assert self._glm_sync is not None
+        if self._glm_sync.fault == "no-publish" and self._glm_version > 1:
+            # Deliberately broken sync (skyrl_glm.sync.fault): report success, send nothing.
+            return UpdateResult(True, self._glm_version, reason="fault no-publish: nothing sent")
+        try:
+            if self._glm_publisher is None:
+                transport = registry().transport(self._glm_sync.transport)()
+                self._glm_publisher = ServerPublisher(
+                    client, transport, self._glm_sync.bucket_bytes, self._glm_sync.verify
+                )
+            return await self._glm_publisher.publish(tensors, config, lora_name, self._glm_version)
+        except Exception as e:  # noqa: BLE001 - reported after the barrier, with its reason
+            return UpdateResult(False, None, f"{type(e).__name__}: {e}")
 
     def skyrl_glm_last_sync(self) -> dict[str, Any] | None:
         """What the last in-memory sync reported (rank 0; None elsewhere or before the first)."""

@@ -7,6 +7,7 @@ in the sampler) and lets the receiver verify the bytes that arrive on the data c
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +48,18 @@ class TensorEntry:
     offset: int
     nbytes: int
     checksum: str
+
+
+def pack_entries(
+    items: Iterable[tuple[str, str, tuple[int, ...], int, str]],
+) -> tuple[tuple[TensorEntry, ...], int]:
+    """Lay tensors out back to back, each at an ``ALIGN``-byte offset: ``(entries, total_bytes)`` from
+    ``(name, dtype, shape, nbytes, checksum)`` in stream order."""
+    entries, offset = [], 0
+    for name, dtype, shape, nbytes, checksum in items:
+        entries.append(TensorEntry(name, dtype, tuple(shape), offset, nbytes, checksum))
+        offset += align(nbytes)
+    return tuple(entries), offset
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 )
 
 from skyrl_glm.sync.checksum import checksums, int32_words
-from skyrl_glm.sync.manifest import Manifest, TensorEntry, align, dtype_name
+from skyrl_glm.sync.manifest import Manifest, dtype_name, pack_entries
 
 _EXPERT = re.compile(r"\.experts\.\d+\.")
 DEFAULT_BUCKET_BYTES = 512 << 20
@@ -178,7 +178,9 @@ def deduplicate(adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch
     return Dedup(unique=unique, aliases=aliases, public_count=public_count, public_bytes=public_bytes)
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the work queued on ``device`` (CUDA runs asynchronously; a no-op on CPU), so stage times are honest."""
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -242,29 +244,28 @@ def build_plan(
     t0 = time.perf_counter()
     dedup = deduplicate(adapter)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
-    _sync(device)
+    synchronize(device)
     t1 = time.perf_counter()
     config = jsonable_config(adapter_config)
     r, alpha = config["r"], config.get("lora_alpha", config["r"])
     # SkyRL 0.4's fold, applied once per unique tensor (so aliased B tensors are scaled exactly once).
     folded = fold_lora_alpha_for_vllm(dedup.unique, config_rank=r, alpha=alpha)
     tensors = [t.contiguous() for t in folded.values()]
-    _sync(device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
+    synchronize(device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
     t2 = time.perf_counter()
     sums = checksums(tensors)
     t3 = time.perf_counter()
-    entries, offset = [], 0
-    for name, t, cs in zip(folded, tensors, sums, strict=True):
-        nbytes = t.numel() * t.element_size()
-        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes, cs))
-        offset += align(nbytes)
+    entries, total_bytes = pack_entries(
+        (name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), cs)
+        for name, t, cs in zip(folded, tensors, sums, strict=True)
+    )
     manifest = Manifest(
         version=version,
         lora_name=lora_name,
         adapter_config=mark_alpha_folded(config),
-        tensors=tuple(entries),
+        tensors=entries,
         aliases=dedup.aliases,
-        total_bytes=offset,
+        total_bytes=total_bytes,
         bucket_bytes=bucket_bytes,
     )
     manifest.validate()

@@ -1,8 +1,8 @@
 """Publishers: how the trainer hands one adapter version to the sampler.
 
 ``InMemoryPublisher`` is the product path (plan -> transport -> receiver -> in-memory load); ``publish`` drives
-an offline sampler (:class:`VllmEngineSampler`), ``publish_async`` an async one
-(:class:`~skyrl_glm.sync.vllm_async.AsyncVllmEngineSampler`) through the same plan and transport steps.
+an offline sampler (:class:`~skyrl_glm.sync.vllm.engine.VllmEngineSampler`), ``publish_async`` an async one
+(:class:`~skyrl_glm.sync.vllm.async_engine.AsyncVllmEngineSampler`) through the same plan and transport steps.
 ``DiskPublisher`` is the baseline it is measured against: a PEFT directory written and loaded by vLLM
 the standard way. Both take the trainer's adapter as ``{public name: tensor}`` plus its PEFT config.
 """
@@ -13,34 +13,26 @@ import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors.torch import save_file
 
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
-from skyrl_glm.sync.vllm_engine import UpdateResult, VllmEngineSampler
+from skyrl_glm.sync.update import Adapter, Sampler, UpdateResult
 
 if TYPE_CHECKING:
-    from skyrl_glm.sync.vllm_async import AsyncVllmEngineSampler
-
-Adapter = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-
-
-class Publisher(Protocol):
-    def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult: ...
-
+    from skyrl_glm.sync.vllm.async_engine import AsyncVllmEngineSampler
 
 class InMemoryPublisher:
     """Deduplicated, checksummed, in-memory handoff through any registered transport."""
 
     def __init__(
         self,
-        sampler: VllmEngineSampler | AsyncVllmEngineSampler,
+        sampler: Sampler | AsyncVllmEngineSampler,
         transport: Transport,
         lora_name: str = "policy",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -49,7 +41,6 @@ class InMemoryPublisher:
         self.transport = transport
         self.lora_name = lora_name
         self.bucket_bytes = bucket_bytes
-        self.last_plan: SyncPlan | None = None
 
     def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
         return build_plan(
@@ -91,7 +82,7 @@ class InMemoryPublisher:
 
     def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         t0 = time.perf_counter()
-        plan = self.last_plan = self.plan(adapter, adapter_config, version)
+        plan = self.plan(adapter, adapter_config, version)
         result = self.send(plan)
         result.timings["total_s"] = time.perf_counter() - t0
         return result
@@ -99,7 +90,7 @@ class InMemoryPublisher:
     async def publish_async(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         """:meth:`publish` for an async sampler; planning runs in a thread so the event loop keeps serving."""
         t0 = time.perf_counter()
-        plan = self.last_plan = await asyncio.to_thread(self.plan, adapter, adapter_config, version)
+        plan = await asyncio.to_thread(self.plan, adapter, adapter_config, version)
         result = await self.send_async(plan)
         result.timings["total_s"] = time.perf_counter() - t0
         return result
@@ -108,7 +99,7 @@ class InMemoryPublisher:
 class DiskPublisher:
     """Baseline: ``adapter_model.safetensors`` + ``adapter_config.json`` in a fresh directory per version."""
 
-    def __init__(self, sampler: VllmEngineSampler, root: str | Path | None = None, lora_name: str = "policy"):
+    def __init__(self, sampler: Sampler, root: str | Path | None = None, lora_name: str = "policy"):
         self.sampler = sampler
         self.root = Path(root or tempfile.mkdtemp(prefix="skyrl-glm-disk-"))
         self.lora_name = lora_name

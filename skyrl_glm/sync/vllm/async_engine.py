@@ -1,7 +1,7 @@
 """The async sampler: vLLM's ``AsyncLLM`` (what SkyRL serves generation through) with in-memory adapter swaps.
 
-Same update protocol as :class:`~skyrl_glm.sync.vllm_engine.VllmEngineSampler` (shared through
-:class:`~skyrl_glm.sync.vllm_engine.LoraVersions`), but swaps happen while requests run. A request binds the
+Same update protocol as :class:`~skyrl_glm.sync.vllm.engine.VllmEngineSampler` (shared through
+:class:`~skyrl_glm.sync.vllm.versions.LoraVersions`), but swaps happen while requests run. A request binds the
 serving ``LoRARequest`` when it starts and keeps it to its last token; the sampler counts requests in flight
 per LoRA id and removes a superseded version only once no request that started on it is still running.
 Use one event loop for the sampler's whole life (AsyncLLM's output handler lives on it).
@@ -15,24 +15,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from skyrl_glm.sync.vllm_engine import (
-    LoraVersions,
-    Op,
-    Steps,
-    UpdateResult,
-    advance,
-    completion,
-    engine_settings,
-    greedy_params,
-    prompt_logprobs,
-    scoring_params,
-)
+from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.sync.vllm.engine import completion, engine_settings, greedy_params, prompt_logprobs, scoring_params
+from skyrl_glm.sync.vllm.versions import LoraVersions, Op, Steps, advance
 
 log = logging.getLogger(__name__)
 
 
 async def drive_async(steps: Steps, call: Callable[[Op], Awaitable[Any]]) -> Any:
-    """:func:`~skyrl_glm.sync.vllm_engine.drive` for an engine whose ``call(op)`` is awaited."""
+    """:func:`~skyrl_glm.sync.vllm.versions.drive` for an engine whose ``call(op)`` is awaited."""
     done, op = advance(steps, None)
     while not done:
         done, op = advance(steps, await call(op))
@@ -57,7 +48,7 @@ class AsyncVllmEngineSampler(LoraVersions):
         if engine is not None:
             engine.shutdown()
 
-    # -- engine operations (see ``vllm_engine.Op``) --------------------------------------------------
+    # -- engine operations (see ``versions.Op``) --------------------------------------------------
     async def _call(self, op: Op) -> Any:
         try:
             return await getattr(self, f"_{op[0]}")(*op[1:])

@@ -2,7 +2,7 @@
 
 World ranks ``0..S-1`` are trainer (sender) ranks holding an EP-sharded synthetic GLM-5.3-shaped Megatron-Bridge
 export; ranks ``S..S+R-1`` are the sampler's TP ranks. Control messages are JSON strings in a TCPStore (never
-pickle); data moves by :class:`~skyrl_glm.sync.transports.routed.RoutedTransport` broadcasts. Each receiver checks
+pickle); data moves by :class:`~skyrl_glm.sync.routing.transport.RoutedTransport` broadcasts. Each receiver checks
 its rebuilt tensors, bit for bit, against slices of the full adapter (after SkyRL's alpha fold) regenerated from
 the seed; every rank reports what it counted on the wire.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -21,9 +20,10 @@ from typing import Any
 
 import torch
 
+from skyrl_glm.bench.procs import StoreChannel, free_port
+from skyrl_glm.bench.verify import compare_exact
+from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.manifest import DTYPES
-
-PREFIX = "base_model.model."
 
 
 @dataclass
@@ -92,7 +92,7 @@ def routing_config(experts: int = 16):
 
 
 def _expert_of(name: str) -> int | None:
-    from skyrl_glm.sync.routing import parse_name
+    from skyrl_glm.sync.routing.plan import parse_name
 
     return parse_name(name).expert
 
@@ -116,21 +116,11 @@ def ep_sharded_exports(opts: RoutingRunOptions, only: int | None = None) -> list
         for name, t in base:
             e = _expert_of(name)
             if e is None:
-                stream.append((PREFIX + name, t.clone()))
+                stream.append((PEFT_PREFIX + name, t.clone()))
             elif e // per == s:
-                stream.append((PREFIX + name, own[name]))
+                stream.append((PEFT_PREFIX + name, own[name]))
         streams.append(stream)
     return streams
-
-
-def adapter_config(opts: RoutingRunOptions) -> dict[str, Any]:
-    return {
-        "peft_type": "LORA",
-        "r": opts.rank,
-        "lora_alpha": opts.alpha,
-        "target_modules": sorted({t.split(".")[-1] for t in opts.resolved().targets}),
-        "bias": "none",
-    }
 
 
 def full_reference(opts: RoutingRunOptions) -> dict[str, torch.Tensor]:
@@ -145,22 +135,9 @@ def full_reference(opts: RoutingRunOptions) -> dict[str, torch.Tensor]:
 
 
 def layout(opts: RoutingRunOptions):
-    from skyrl_glm.sync.routing import ReceiverLayout
+    from skyrl_glm.sync.routing.plan import ReceiverLayout
 
     return ReceiverLayout(opts.tp, opts.expert_parallel, opts.experts)
-
-
-class _Chan:
-    """JSON control channel over the TCPStore."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
-    def put(self, key: str, value: Any) -> None:
-        self.store.set(key, json.dumps(value))
-
-    def get(self, key: str) -> Any:
-        return json.loads(self.store.get(key).decode())
 
 
 def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
@@ -169,8 +146,8 @@ def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
     from skyrl_glm.sync.manifest import Manifest
     from skyrl_glm.sync.plan import build_plan
     from skyrl_glm.sync.receiver import AdapterReceiver
-    from skyrl_glm.sync.routing import assign_owners, expected_slices, plan_routes
-    from skyrl_glm.sync.transports.routed import RoutedTransport, make_groups, piece_checksums, route_label
+    from skyrl_glm.sync.routing.plan import assign_owners, expected_slices, plan_routes
+    from skyrl_glm.sync.routing.transport import RoutedTransport, make_groups, piece_checksums, route_label
 
     start = time.time()
     torch.set_num_threads(1)
@@ -179,17 +156,17 @@ def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
     world = S + R
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=_dt.timedelta(minutes=5))
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
-    chan = _Chan(dist.PrefixStore("ctl", store))
+    chan = StoreChannel(dist.PrefixStore("ctl", store))
     report: dict[str, Any] = {"rank": rank}
     try:
         t0 = time.perf_counter()
         if rank < S:  # sender: announce names, plan what it owns
             stream = ep_sharded_exports(opts, only=rank)[0]
-            chan.put(f"names/{rank}", [n for n, _ in stream])
-            owned = set(assign_owners([chan.get(f"names/{s}") for s in range(S)])[rank])
+            chan.put(f"names/{rank}", json.dumps([n for n, _ in stream]))
+            owned = set(assign_owners([json.loads(chan.get(f"names/{s}")) for s in range(S)])[rank])
             sp = build_plan(
                 ((n, t) for n, t in stream if n in owned),
-                adapter_config=adapter_config(opts),
+                adapter_config=adapter_config(opts.rank, opts.alpha, opts.resolved().targets),
                 lora_name="policy",
                 version=opts.version,
                 bucket_bytes=opts.bucket_bytes,
@@ -210,7 +187,7 @@ def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
         t1 = time.perf_counter()
         if rank < S:
             sums, tensors = piece_checksums(plan, rank, sp)
-            chan.put(f"sums/{rank}", sums)
+            chan.put(f"sums/{rank}", json.dumps(sums))
             for route in plan.routes_from(rank):
                 transport.send_route(route, tensors[route.key])
             report["pieces"] = {
@@ -235,27 +212,13 @@ def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
             r = rank - S
             sums: dict[str, str] = {}
             for s in range(S):
-                sums.update(chan.get(f"sums/{s}"))
+                sums.update(json.loads(chan.get(f"sums/{s}")))
             manifest, handle = plan.receiver_update(r, sums)
             got = AdapterReceiver("cpu").receive(manifest.to_json(), handle, transport)
             full = full_reference(opts)
             expected = expected_slices(full, plan.layout, r)
-            bad = [
-                n
-                for n, exp in expected.items()
-                if n not in got.tensors
-                or got.tensors[n].shape != exp.shape
-                or got.tensors[n].dtype != exp.dtype
-                or not torch.equal(
-                    got.tensors[n].reshape(-1).view(torch.uint8), exp.contiguous().reshape(-1).view(torch.uint8)
-                )
-            ]
             report.update(
-                names_ok=set(got.tensors) == set(expected),
-                expected_names=len(expected),
-                received_names=len(got.tensors),
-                mismatched=bad[:5],
-                bit_exact=not bad and set(got.tensors) == set(expected),
+                **compare_exact(got.tensors, expected),
                 staged_bytes=manifest.total_bytes,
                 sent_tensors=len(manifest.tensors),
                 aliases=len(manifest.aliases),
@@ -274,12 +237,6 @@ def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_routed_sync(opts: RoutingRunOptions) -> dict[str, Any]:
     """Spawn ``senders + tp`` processes, run one routed sync, return every rank's report."""
     import torch.multiprocessing as mp
@@ -287,7 +244,7 @@ def run_routed_sync(opts: RoutingRunOptions) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         opts = opts.resolved()
         t0, t_spawn = time.perf_counter(), time.time()
-        mp.spawn(_proc, args=(asdict(opts), _free_port(), tmp), nprocs=opts.senders + opts.tp, join=True)
+        mp.spawn(_proc, args=(asdict(opts), free_port(), tmp), nprocs=opts.senders + opts.tp, join=True)
         wall = time.perf_counter() - t0
         reports = [json.loads(Path(tmp, f"rank{i}.json").read_text()) for i in range(opts.senders + opts.tp)]
     return {

@@ -1,4 +1,4 @@
-"""Routed collective transport: executes a :class:`~skyrl_glm.sync.routing.RoutingPlan` with one broadcast per
+"""Routed collective transport: executes a :class:`~skyrl_glm.sync.routing.plan.RoutingPlan` with one broadcast per
 (route, bucket) from the route's sender to its receiver group.
 
 Every rank (senders and receivers) creates one process group per route, in the plan's global route order, and
@@ -23,7 +23,7 @@ from skyrl_glm.sync.transports.base import Transport, TransportError
 
 if TYPE_CHECKING:
     from skyrl_glm.sync.manifest import Manifest
-    from skyrl_glm.sync.routing import Route, RoutingPlan
+    from skyrl_glm.sync.routing.plan import Route, RoutingPlan
 
 GroupKey = tuple[int, tuple[int, ...]]
 

@@ -1,76 +1,27 @@
-"""The sampler side in the trainer's process: a vLLM engine whose adapter is swapped in memory.
+"""Adapter-version bookkeeping shared by both vLLM samplers, written as engine operations.
 
-``apply_update`` runs the worker-side receive on every worker, then loads the staged adapter under a new
-LoRA id and only then points new requests at it (atomic swap: a request carries its ``LoRARequest``, so it
-runs on one version from start to end). The previous version stays loaded until the next swap.
-
-The adapter-version bookkeeping (:class:`LoraVersions`) is engine independent: it describes each update as a
-sequence of engine operations (``rpc``, ``add_lora``, ``remove_lora``, ``reset_prefix_cache``) which
-:func:`drive` runs on the offline ``vllm.LLM`` here and :func:`~skyrl_glm.sync.vllm_async.drive_async` on
-``AsyncLLM``, so both samplers share one update protocol.
+:class:`LoraVersions` knows which LoRA ids serve and describes each update as a sequence of engine operations
+(``rpc``, ``add_lora``, ``remove_lora``, ``reset_prefix_cache``). :func:`drive` runs such a sequence on a
+blocking engine (the offline ``vllm.LLM`` in :mod:`skyrl_glm.sync.vllm.engine`),
+:func:`~skyrl_glm.sync.vllm.async_engine.drive_async` on ``AsyncLLM``, so both samplers share one update protocol.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
 from typing import Any
 
 from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_path, lora_name_from_in_memory_path
 
-log = logging.getLogger(__name__)
-
-WORKER_EXTENSION = "skyrl_glm.sync.vllm_worker.LoraSyncWorkerExtension"
+from skyrl_glm.sync.update import UpdateResult
 
 # One engine operation: ("rpc", method, args) | ("add_lora", request) | ("remove_lora", lora_id)
 # | ("reset_prefix_cache",). An engine runs it through its method ``_<op[0]>(*op[1:])``; an exception
 # the operation raises is thrown back into the steps at the ``yield``.
 Op = tuple[Any, ...]
 Steps = Generator[Op, Any, Any]
-
-
-@dataclass
-class UpdateResult:
-    ok: bool
-    version: int | None
-    reason: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-def engine_settings(
-    model_dir: str,
-    *,
-    max_lora_rank: int = 16,
-    max_model_len: int = 256,
-    max_loras: int = 2,
-    max_cpu_loras: int = 3,
-    **engine_kwargs: Any,
-) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM`` or ``AsyncEngineArgs``: LoRA on, the skyrl-glm worker extension."""
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cpu():
-        # On CPU "gpu_memory_utilization" reserves host memory; tiny test models need little KV cache.
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        engine_kwargs.setdefault("gpu_memory_utilization", 0.2)
-    engine_kwargs.setdefault("enforce_eager", True)
-    # A prefix-cache hit runs other kernels than a fresh prefill (bf16 MLA on CPU differs by ~4e-3), which
-    # would break the check's repeat-score test; the sampler used for checking scores from scratch.
-    engine_kwargs.setdefault("enable_prefix_caching", False)
-    engine_kwargs.setdefault("max_model_len", max_model_len)
-    return dict(
-        model=str(model_dir),
-        enable_lora=True,
-        max_lora_rank=max_lora_rank,
-        max_loras=max_loras,
-        max_cpu_loras=max_cpu_loras,
-        worker_extension_cls=WORKER_EXTENSION,
-        **engine_kwargs,
-    )
 
 
 def advance(steps: Steps, outcome: Any) -> tuple[bool, Any]:
@@ -203,80 +154,3 @@ class LoraVersions:
         if failure is not None:
             return UpdateResult(False, None, f"vLLM could not load {path}: {failure}")
         return UpdateResult(True, None, timings={"load_s": time.perf_counter() - t0})
-
-
-def prompt_logprobs(output: Any, sequence: list[int]) -> list[float]:
-    """Logprob of each token of ``sequence`` given its prefix (positions 1..n-1) from a prefill output."""
-    return [output.prompt_logprobs[i][sequence[i]].logprob for i in range(1, len(sequence))]
-
-
-def completion(output: Any) -> tuple[list[int], list[float]]:
-    """The generated tokens and the logprob vLLM reports for each."""
-    c = output.outputs[0]
-    return list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
-
-
-def scoring_params() -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-
-
-def greedy_params(max_tokens: int) -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0, ignore_eos=True)
-
-
-class VllmEngineSampler(LoraVersions):
-    """Owns a ``vllm.LLM`` with LoRA enabled and the skyrl-glm worker extension."""
-
-    def __init__(self, model_dir: str, *, max_lora_rank: int = 16, max_model_len: int = 256, **engine_kwargs: Any):
-        from vllm import LLM
-
-        super().__init__()
-        settings = engine_settings(model_dir, max_lora_rank=max_lora_rank, max_model_len=max_model_len, **engine_kwargs)
-        self.llm = LLM(**settings)
-
-    # -- engine operations (see ``Op``) -------------------------------------------------------------
-    def _call(self, op: Op) -> Any:
-        try:
-            return getattr(self, f"_{op[0]}")(*op[1:])
-        except Exception as e:  # noqa: BLE001 - the outcome goes back to the steps, which decide
-            return e
-
-    def _rpc(self, method: str, args: tuple[Any, ...]) -> Any:
-        return self.llm.collective_rpc(method, args=args)
-
-    def _add_lora(self, request: Any) -> bool:
-        return self.llm.llm_engine.add_lora(request)
-
-    def _remove_lora(self, lora_id: int) -> bool:
-        return self.llm.llm_engine.remove_lora(lora_id)
-
-    def _reset_prefix_cache(self) -> bool:
-        return self.llm.reset_prefix_cache()
-
-    # -- adapter updates ---------------------------------------------------------------------------
-    def apply_update(self, manifest_json: str, handle: dict[str, Any], transport: str) -> UpdateResult:
-        return drive(self.update_steps(manifest_json, handle, transport), self._call)
-
-    def load_adapter_dir(self, path: str, lora_name: str) -> UpdateResult:
-        """The disk baseline: vLLM reads a PEFT directory the standard way."""
-        return drive(self.load_dir_steps(path, lora_name), self._call)
-
-    # -- scoring -----------------------------------------------------------------------------------
-    def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        """Logprob of each token given its prefix (positions 1..n-1), through vLLM's prefill path."""
-        outs = self.llm.generate(
-            [{"prompt_token_ids": s} for s in sequences], scoring_params(), lora_request=self.adapter, use_tqdm=False
-        )
-        return [prompt_logprobs(o, s) for o, s in zip(outs, sequences, strict=True)]
-
-    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
-        """Greedy continuations and the logprobs vLLM reports for its own tokens (the decode path)."""
-        params = greedy_params(max_tokens)
-        outs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], params, lora_request=self.adapter, use_tqdm=False
-        )
-        return [completion(o) for o in outs]

@@ -1,0 +1,13 @@
+"""``skyrl-glm bench sync`` and the process harnesses the tests and the benchmark share (not on the product path).
+
+    cli.py           the ``bench sync`` parser (built without torch) and command
+    synthetic.py     BenchOptions; a synthetic Megatron-Bridge-shaped adapter of a registered model family
+    sides.py         Sender / Receiver of one benchmarked sync (SkyRL 0.4.0's path, ours, disk); verify_rebuilt
+    run.py           the protocol: rounds per path, disk baseline, one or two processes; run_sync_bench
+    report.py        stage medians, the rich table, the plot
+    procs.py         free_port, the JSON control channels (TCPStore values split under its 8 MiB limit)
+    roundtrip.py     transfer_roundtrip: one sync between two processes, rebuilt bit-exactly (transport tests)
+    routing_run.py   run_routed_sync: EP sender ranks -> TP receiver ranks in processes (routing tests)
+
+This ``__init__`` imports nothing.
+"""

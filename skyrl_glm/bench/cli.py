@@ -1,0 +1,114 @@
+"""``skyrl-glm bench sync``: SkyRL 0.4.0's LoRA sync, ours, and the disk baseline, side by side in one run.
+
+A synthetic adapter in Megatron-Bridge's export shape (:func:`skyrl_glm.lora.bridge.bridge_export_specs`: every
+routed expert name carries the layer's shared adapter, fused ``linear_fc1`` A under both gate and up) is built for a
+registered model's full or tiny config, then moved three ways:
+
+* ``skyrl``: SkyRL 0.4.0's in-memory path, in the order of its ``LoraAdapterSource.prepare`` (dedupe the export
+  stream with ``dedupe_shared_expert_adapters``, then ``fold_lora_alpha_for_vllm`` over what is sent), the sent
+  tensors over the same packed transport as ours (SkyRL hands them to vLLM's transfer engine, which this benchmark
+  does not have), ``expand_lora_aliases`` on the receiver. No checksums, no verification.
+* ``ours``: :func:`~skyrl_glm.sync.plan.build_plan` + a transport + :class:`~skyrl_glm.sync.receiver.AdapterReceiver`.
+* ``disk``: SkyRL's file path: fold over the public dict, ``safetensors`` save of every public name, load back onto
+  the receiver's device.
+
+The receiver side checks, outside the timed stages, that every public name came back bit-exactly equal to the
+sender's tensor after the alpha fold (it regenerates the synthetic values from the seed). The cpu transport runs
+sender and receiver in one process; nccl and ipc use two processes (``torch.multiprocessing.spawn``) with a
+``TCPStore`` as the JSON control channel. vLLM loading is not part of this command (there is no base model for a
+synthetic adapter): the ``load`` stage is reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from skyrl_glm.paths import output_path_error
+from skyrl_glm.plugins import registry
+
+DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
+
+
+def argument_error(args: argparse.Namespace) -> str | None:
+    """The first problem with the arguments, found before any work (or None)."""
+    for flag, value, least in (("--rank", args.rank, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            return f"{flag} must be >= {least}, got {value}"
+    if args.bucket_mb < 0:
+        return f"--bucket-mb must be >= 0, got {args.bucket_mb}"
+    if args.layers is not None and args.layers < 1:
+        return f"--layers must be >= 1, got {args.layers}"
+    family = registry().model(args.model)
+    if args.config == "full" and family.full_config is None:
+        return f"--config full: model family {args.model!r} has no full config (use --config tiny)"
+    return output_path_error("--json", args.json) or output_path_error("--plot", args.plot)
+
+
+def _cmd_bench_sync(args: argparse.Namespace) -> int:
+    error = argument_error(args)
+    if error is not None:
+        print(f"skyrl-glm bench sync: error: {error}", file=sys.stderr)
+        return 2
+    from skyrl_glm.bench.report import plot_report, print_report
+    from skyrl_glm.bench.run import run_sync_bench
+    from skyrl_glm.bench.synthetic import BenchOptions
+
+    opts = BenchOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions)})
+    report = run_sync_bench(opts)
+    print_report(report)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot_report(report, args.plot)
+    return 0 if all(p["bit_exact"] for p in report["paths"].values()) else 1
+
+
+def add_parser(subparsers: Any) -> None:
+    bench = subparsers.add_parser("bench", help="benchmarks")
+    sub = bench.add_subparsers(dest="bench_cmd", required=True)
+    p = sub.add_parser(
+        "sync",
+        help="LoRA sync: SkyRL 0.4.0's path vs skyrl-glm's vs disk, one run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="glm-5.3", choices=sorted(registry().models), help="registered model family")
+    p.add_argument("--config", choices=("tiny", "full"), default="tiny")
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N MoE layers (fits a CPU)")
+    p.add_argument("--rank", type=int, default=32)
+    p.add_argument("--alpha", type=float, default=None, help="lora_alpha (default 2 * rank)")
+    p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
+    p.add_argument(
+        "--share-experts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one adapter for all routed experts of a layer (Bridge share_expert_adapters)",
+    )
+    p.add_argument("--copies", action="store_true", help="exporter hands out a separate copy under every name")
+    p.add_argument("--transport", choices=sorted(registry().transports), default="cpu")
+    p.add_argument("--device", default=None, help="sender device (default cuda:0 for nccl/ipc when present, else cpu)")
+    p.add_argument("--recv-device", default=None, help="receiver device (nccl: cuda:1; ipc/cpu: the sender's)")
+    p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1, help="timed rounds per in-memory path (median reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    p.add_argument("--disk", action=argparse.BooleanOptionalAction, default=True, help="run the disk baseline")
+    p.add_argument("--disk-dir", default=None, help="where the disk baseline writes (default a temp dir)")
+    p.add_argument("--json", default=None, help="write the report as JSON")
+    p.add_argument("--plot", default=None, help="write a PNG of the stage times (needs matplotlib)")
+    p.set_defaults(func=_cmd_bench_sync)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m skyrl_glm.bench.cli sync ...`` (the same command as ``skyrl-glm bench sync``)."""
+    parser = argparse.ArgumentParser(prog="skyrl-glm bench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return int(args.func(args) or 0)

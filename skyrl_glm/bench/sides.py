@@ -1,0 +1,180 @@
+"""The two sides of one benchmarked sync: the trainer's :class:`Sender` and the sampler's :class:`Receiver`,
+each able to run SkyRL 0.4.0's path, ours, or the disk baseline; and the receiver's bit-exact verification."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, _is_b, fold_value
+from skyrl_glm.bench.verify import verify_rebuilt
+from skyrl_glm.lora.bridge import adapter_config
+from skyrl_glm.sync.plan import synchronize
+
+
+def make_transport(name: str, group: Any = None) -> Any:
+    from skyrl_glm.plugins import registry
+
+    cls = registry().transport(name)
+    return cls(group=group, src=0) if name == "nccl" else cls()
+
+
+class Sender:
+    """The trainer side: holds the public adapter (shared storage or, with ``copies``, one copy per name)."""
+
+    def __init__(self, opts: BenchOptions, syn: Synthetic, transport: Any) -> None:
+        self.opts, self.syn, self.transport = opts, syn, transport
+        self.device = torch.device(opts.device)
+        on_dev = {k: v.to(self.device) for k, v in syn.unique.items()}
+        self.public: dict[str, torch.Tensor] = {
+            n: (on_dev[k].clone() if opts.copies else on_dev[k]) for n, k in syn.names.items()
+        }
+        del on_dev
+        synchronize(self.device)
+        self.config = adapter_config(opts.rank, opts.alpha, syn.targets)
+        self.plan: Any = None
+
+    def _plan_skyrl(self, version: int) -> tuple[Any, dict[str, float]]:
+        from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
+            fold_lora_alpha_for_vllm,
+            mark_alpha_folded,
+        )
+        from skyrl.backends.skyrl_train.weight_sync.lora_target import dedupe_shared_expert_adapters
+
+        from skyrl_glm.sync.manifest import Manifest, dtype_name, pack_entries
+        from skyrl_glm.sync.plan import SyncPlan
+
+        # What SkyRL's Megatron worker passes: one adapter per EP rank's experts (EP 1 here) when shared, else 1.
+        span = max(1, self.syn.n_experts) if self.opts.share_experts else 1
+        t0 = time.perf_counter()
+        to_send, aliases = dedupe_shared_expert_adapters(iter(self.public.items()), span)
+        synchronize(self.device)
+        t1 = time.perf_counter()
+        folded = fold_lora_alpha_for_vllm(to_send, config_rank=self.opts.rank, alpha=self.opts.alpha)
+        tensors = [t.contiguous() for t in folded.values()]
+        synchronize(self.device)
+        t2 = time.perf_counter()
+        entries, total_bytes = pack_entries(
+            (name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), "")
+            for name, t in zip(folded, tensors, strict=True)
+        )
+        manifest = Manifest(
+            version=version,
+            lora_name="bench",
+            adapter_config=mark_alpha_folded(dict(self.config)),
+            tensors=entries,
+            aliases=aliases,
+            total_bytes=total_bytes,
+            bucket_bytes=self.opts.bucket_mb << 20,
+        )
+        public_bytes = sum(t.numel() * t.element_size() for t in self.public.values())
+        plan = SyncPlan(manifest, tensors, len(self.public), public_bytes, {})
+        return plan, {"dedup_s": t1 - t0, "fold_s": t2 - t1}
+
+    def _plan_ours(self, version: int) -> tuple[Any, dict[str, float]]:
+        from skyrl_glm.sync.plan import build_plan
+
+        plan = build_plan(
+            iter(self.public.items()),
+            adapter_config=self.config,
+            lora_name="bench",
+            version=version,
+            bucket_bytes=self.opts.bucket_mb << 20,
+        )
+        return plan, dict(plan.timings)
+
+    def plan_and_stage(self, path: str, version: int) -> tuple[str, str, dict[str, Any]]:
+        plan, timings = (self._plan_skyrl if path == "skyrl" else self._plan_ours)(version)
+        t0 = time.perf_counter()
+        handle = self.transport.prepare(plan)
+        synchronize(self.device)
+        timings["stage_s"] = time.perf_counter() - t0
+        self.plan = plan
+        info = {
+            "sent_tensors": len(plan.manifest.tensors),
+            "sent_bytes": sum(e.nbytes for e in plan.manifest.tensors),
+            "aliases": len(plan.manifest.aliases),
+            "wire_bytes": plan.manifest.total_bytes,
+            "buckets": len(plan.manifest.buckets()),
+        }
+        return plan.manifest.to_json(), json.dumps(handle), {"timings": timings, **info}
+
+    def stream(self) -> float:
+        t0 = time.perf_counter()
+        self.transport.stream(self.plan)
+        synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def release(self) -> None:
+        self.transport.release()
+        self.plan = None
+
+    def disk_save(self, directory: Path) -> dict[str, Any]:
+        from safetensors.torch import save_file
+        from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_alpha_for_vllm
+
+        t0 = time.perf_counter()
+        folded = fold_lora_alpha_for_vllm(self.public, config_rank=self.opts.rank, alpha=self.opts.alpha)
+        synchronize(self.device)
+        t1 = time.perf_counter()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "adapter_model.safetensors"
+        # safetensors refuses shared storage: private contiguous CPU copies, as a PEFT save makes.
+        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in folded.items()}, str(path))
+        (directory / "adapter_config.json").write_text(json.dumps(self.config))
+        t2 = time.perf_counter()
+        del folded
+        return {"path": str(path), "file_bytes": path.stat().st_size, "timings": {"fold_s": t1 - t0, "save_s": t2 - t1}}
+
+
+class Receiver:
+    """The sampler side: receives (ours: verified; skyrl: as SkyRL does) and checks the result bit for bit."""
+
+    def __init__(self, opts: BenchOptions, syn: Synthetic, transport: Any) -> None:
+        self.opts, self.syn, self.transport = opts, syn, transport
+        self.device = torch.device(opts.recv_device)
+        scale = opts.alpha / opts.rank
+        self.expected = {
+            k: fold_value(v.to(self.device), scale) if _is_b(k) else v.to(self.device) for k, v in syn.unique.items()
+        }
+
+    def receive(self, path: str, manifest_json: str, handle_json: str) -> dict[str, Any]:
+        handle = json.loads(handle_json)
+        if path == "ours":
+            from skyrl_glm.sync.receiver import AdapterReceiver
+
+            got = AdapterReceiver(self.device).receive(manifest_json, handle, self.transport)
+            synchronize(self.device)
+            tensors, timings = got.tensors, dict(got.timings)
+        else:
+            from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases
+
+            from skyrl_glm.sync.manifest import DTYPES as WIRE_DTYPES
+            from skyrl_glm.sync.manifest import Manifest
+
+            t0 = time.perf_counter()
+            manifest = Manifest.from_json(manifest_json)
+            staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
+            self.transport.receive(manifest, handle, staging)
+            synchronize(self.device)
+            t1 = time.perf_counter()
+            sent = {
+                e.name: staging[e.offset : e.offset + e.nbytes].view(WIRE_DTYPES[e.dtype]).view(e.shape)
+                for e in manifest.tensors
+            }
+            tensors = expand_lora_aliases(sent, manifest.aliases)
+            timings = {"transfer_s": t1 - t0, "rebuild_s": time.perf_counter() - t1}
+        return {"timings": timings, "verified": verify_rebuilt(tensors, self.syn, self.expected)}
+
+    def disk_load(self, path: str) -> dict[str, Any]:
+        from safetensors.torch import load_file
+
+        t0 = time.perf_counter()
+        tensors = load_file(path, device=str(self.device))
+        synchronize(self.device)
+        t1 = time.perf_counter()
+        return {"timings": {"load_s": t1 - t0}, "verified": verify_rebuilt(tensors, self.syn, self.expected)}

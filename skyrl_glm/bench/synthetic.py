@@ -1,0 +1,104 @@
+"""The benchmark's options and its synthetic adapter: a Megatron-Bridge-shaped export of a registered model family."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from skyrl_glm.lora.bridge import PEFT_PREFIX
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class BenchOptions:
+    model: str = "glm-5.3"
+    config: str = "tiny"  # tiny | full
+    layers: int | None = None  # keep only this many MoE layers (after the leading dense ones)
+    rank: int = 32
+    alpha: float | None = None  # default 2 * rank, so the fold is not a no-op
+    dtype: str = "bf16"
+    share_experts: bool = True
+    copies: bool = False
+    transport: str = "cpu"
+    device: str | None = None
+    recv_device: str | None = None
+    bucket_mb: int = 512
+    seed: int = 0
+    repeat: int = 1
+    warmup: int = 1
+    disk: bool = True
+    disk_dir: str | None = None
+
+    def resolved(self) -> BenchOptions:
+        o = BenchOptions(**asdict(self))
+        cuda = torch.cuda.is_available()
+        if o.alpha is None:
+            o.alpha = float(2 * o.rank)
+        if o.device is None:
+            o.device = "cuda:0" if cuda and o.transport != "cpu" else "cpu"
+        if o.recv_device is None:
+            if o.transport == "nccl" and o.device.startswith("cuda"):
+                o.recv_device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
+            else:
+                o.recv_device = o.device
+        if o.transport == "ipc" and not (o.device.startswith("cuda") and o.recv_device.startswith("cuda")):
+            raise SystemExit("--transport ipc needs CUDA devices (--device cuda:N)")
+        if o.dtype not in DTYPES:
+            raise SystemExit(f"--dtype must be one of {sorted(DTYPES)}")
+        return o
+
+
+# ----------------------------------------------------------------------------------------------- synthetic adapter
+
+
+def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]:
+    """The registered family and its tiny or full HF config, cut to ``layers`` MoE layers when asked."""
+    from skyrl_glm.plugins import registry
+
+    family = registry().model(model)
+    cfg = family.config(config)
+    if layers is not None:
+        from skyrl_glm.lora.bridge import _layer_is_moe
+
+        moe_idx = [i for i, m in enumerate(_layer_is_moe(cfg)) if m]
+        if not 0 < layers <= len(moe_idx):
+            raise SystemExit(f"--layers must be in 1..{len(moe_idx)} for this config")
+        keep = moe_idx[layers - 1] + 1
+        for attr in ("mlp_layer_types", "layer_types"):
+            if isinstance(getattr(cfg, attr, None), list):
+                setattr(cfg, attr, getattr(cfg, attr)[:keep])
+        cfg.num_hidden_layers = keep
+    return family, cfg
+
+
+@dataclass
+class Synthetic:
+    """The export's public names, which storage each one shows, and the unique values (on CPU)."""
+
+    names: dict[str, str]  # public name -> storage key
+    unique: dict[str, torch.Tensor]  # storage key -> value
+    targets: list[str]
+    n_experts: int
+
+
+def synthetic_adapter(opts: BenchOptions) -> Synthetic:
+    from skyrl_glm.lora.bridge import bridge_export_specs, synthetic_values
+
+    family, cfg = model_config(opts.model, opts.config, opts.layers)
+    targets = family.lora.resolve(sampler="vllm")
+    specs = bridge_export_specs(cfg, rank=opts.rank, targets=targets, share_expert_adapters=opts.share_experts)
+    unique = synthetic_values(specs, dtype=DTYPES[opts.dtype], seed=opts.seed)
+    names = {PEFT_PREFIX + s.name: s.storage for s in specs}
+    return Synthetic(names, unique, targets, int(getattr(cfg, "n_routed_experts", 0) or 0))
+
+
+def _is_b(key: str) -> bool:
+    return key.endswith(".B") or key.endswith(".lora_B.weight")
+
+
+def fold_value(t: torch.Tensor, scale: float) -> torch.Tensor:
+    """SkyRL's ``fold_lora_alpha_for_vllm`` arithmetic for one lora_B (float32 multiply, cast back)."""
+    return t if scale == 1 else (t.to(torch.float32) * scale).to(t.dtype)

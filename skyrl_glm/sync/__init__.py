@@ -1,0 +1,23 @@
+"""The in-memory LoRA sync: trainer adapter stream -> plan -> transport -> receiver -> vLLM engine.
+
+One update, end to end: the trainer's ``(public name, tensor)`` stream is planned (alpha folded into B, exact
+dedup, packed layout, JSON manifest with checksums), its unique bytes move over a transport, and the receiver
+verifies them against the manifest, rebuilds every public name in private memory and hands the adapter to the
+engine, which swaps it in atomically. A rejected update leaves the previous adapter serving.
+
+    trainer side
+    plan.py          build_plan: fold, dedup, packed stream layout, manifest (SyncPlan)
+    publisher.py     InMemoryPublisher (the product path) and DiskPublisher (the baseline it is measured against)
+    both sides
+    manifest.py      Manifest / TensorEntry: the JSON that says exactly what an update holds
+    checksum.py      per-tensor checksums (and the int32-word view dedup fingerprints use)
+    update.py        UpdateResult and the Sampler protocol: what a publisher drives, engine independent
+    transports/      the Transport contract and the named transports (shm, nccl, cuda_ipc)
+    sampler side
+    receiver.py      AdapterReceiver: validate, stage, verify, rebuild public names (torch only)
+    vllm/            the vLLM glue: update protocol, offline and async samplers, the worker extension
+    routing/         multi-rank sync: EP-sharded trainer ranks -> TP-sharded sampler ranks
+
+This ``__init__`` imports nothing, so importing a light module (``manifest``) never pulls torch-heavy or
+vLLM modules in; import each module where it is used. Nothing outside ``vllm/`` imports vLLM.
+"""

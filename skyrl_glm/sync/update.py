@@ -1,0 +1,48 @@
+"""What a sampler answers to one adapter update, the sampler interface publishers drive, and the publisher
+interface the check drives.
+
+Engine independent: the publishers, the check and the vLLM glue all import these, so the sync core never
+imports engine code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+# The trainer's adapter: ``{public name: tensor}`` or a stream of ``(public name, tensor)``.
+Adapter = Mapping[str, "torch.Tensor"] | Iterable[tuple[str, "torch.Tensor"]]
+
+
+@dataclass
+class UpdateResult:
+    """``ok``: the new version serves (``version`` says which); otherwise ``reason`` says why it was refused and
+    the previous adapter keeps serving. ``timings`` are stage seconds (``*_s`` keys)."""
+
+    ok: bool
+    version: int | None
+    reason: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Sampler(Protocol):
+    """A sampler a publisher can update (:class:`~skyrl_glm.sync.vllm.engine.VllmEngineSampler`)."""
+
+    def apply_update(self, manifest_json: str, handle: dict[str, Any], transport: str) -> UpdateResult:
+        """Receive, verify and swap in one in-memory update; never raises for a bad update."""
+        ...
+
+    def load_adapter_dir(self, path: str, lora_name: str) -> UpdateResult:
+        """Load a PEFT adapter directory the engine's standard way (the disk baseline)."""
+        ...
+
+
+class Publisher(Protocol):
+    """Hands one adapter version from the trainer to the sampler
+    (:class:`~skyrl_glm.sync.publisher.InMemoryPublisher`, :class:`~skyrl_glm.sync.publisher.DiskPublisher`)."""
+
+    def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult: ...

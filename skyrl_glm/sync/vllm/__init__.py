@@ -1,0 +1,10 @@
+"""The vLLM side of the sync: the receiver inside vLLM and the samplers that own an engine.
+
+    versions.py      LoraVersions: which LoRA ids serve, the update protocol as engine operations; drive()
+    engine.py        VllmEngineSampler (offline ``vllm.LLM``), engine_settings, scoring helpers
+    async_engine.py  AsyncVllmEngineSampler (``AsyncLLM``): swaps while requests run, deferred removal
+    worker.py        LoraSyncWorkerExtension: ``worker_extension_cls``, reached by ``collective_rpc``
+
+``engine``, ``async_engine`` and ``worker`` import vLLM (lazily or at module scope); this ``__init__`` imports
+nothing, and the sync core (``skyrl_glm.sync.*`` outside this package) never imports it.
+"""
