@@ -84,7 +84,7 @@ def test_report_over_steps(tmp_path, tokenizer, capsys):
     assert json.loads(js.read_text())[1]["accuracy"] == 0.75
 
 
-def test_report_bad_run_dirs(tmp_path, capsys):
+def test_report_bad_run_dirs(tmp_path, capsys, caplog):
     with pytest.raises(ReportError, match="no SkyRL eval dumps"):
         collect(tmp_path)
     broken = tmp_path / "dumped_evals" / "global_step_1_evals"
@@ -93,6 +93,8 @@ def test_report_bad_run_dirs(tmp_path, capsys):
     with pytest.raises(ReportError, match=r"aime2024.jsonl:2: not JSON"):
         collect(tmp_path)
     assert dumped_eval_metrics(tmp_path, 1) == {}  # the trainer's eval hook logs a warning, training goes on
+    assert "not logged" in caplog.text and "aime2024.jsonl:2" in caplog.text
+    capsys.readouterr()
     for run_dir in (tmp_path, tmp_path / "missing"):
         assert main(["report", str(run_dir)]) == 2
         err = capsys.readouterr().err.strip()
