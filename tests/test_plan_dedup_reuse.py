@@ -2,14 +2,16 @@
 
 An exporter that hands out copies frees each duplicate once the plan has compared it; the allocator may then
 give the same address (same shape, stride, offset, dtype) to the next exported tensor with another value.
-Simulated here by writing a new value into a dropped duplicate and yielding it again under another name.
+Simulated here by writing a new value into a dropped duplicate and yielding it again under another name, in a
+later slice of the stream (dedup holds every tensor of the slice it works on, so within one the exporter cannot
+free any).
 """
 
 from __future__ import annotations
 
 import torch
 
-from skyrl_glm.sync.plan import _CHUNK, deduplicate
+from skyrl_glm.sync.plan import _CHUNK, _SLICE, deduplicate
 
 
 def test_reused_address_of_a_dropped_duplicate_is_not_aliased():
@@ -20,6 +22,8 @@ def test_reused_address_of_a_dropped_duplicate_is_not_aliased():
     def stream():
         for e, t in enumerate(copies):
             yield f"model.layers.1.mlp.experts.{e}.gate_proj.lora_A.weight", t
+        for i in range(_SLICE - _CHUNK):  # the rest of the slice: distinct tensors outside the candidate group
+            yield f"model.embed.{i}.lora_A.weight", torch.zeros(1)
         reused = copies[-1]  # dropped by dedup as a duplicate of expert 0
         reused.copy_(torch.randn(4, 8, generator=g))  # "freed and reallocated" with a new value
         yield "model.layers.1.mlp.experts.999.up_proj.lora_A.weight", reused

@@ -22,7 +22,7 @@ from skyrl_glm.bench.routing_run import (
 from skyrl_glm.bench.verify import bytes_equal
 from skyrl_glm.lora.bridge import adapter_config
 from skyrl_glm.sync.manifest import Manifest
-from skyrl_glm.sync.plan import SyncPlan, build_plan
+from skyrl_glm.sync.plan import SyncPlan, build_plan, pack_into
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.routing.plan import (
     ReceiverLayout,
@@ -216,6 +216,9 @@ class Loopback(Transport):
     def prepare(self, plan):  # pragma: no cover - not used
         raise TypeError
 
+    def incoming_bytes(self, manifest, handle) -> int:
+        return max(r["base"] + r["nbytes"] for r in handle["routes"])
+
     def receive(self, manifest, handle, out) -> None:
         for r in handle["routes"]:
             key = (r["src"], tuple(r["receivers"]))
@@ -234,8 +237,7 @@ def _pack(plan, sender_plans) -> tuple[dict, dict]:
         sums.update(s_sums)
         for route in plan.routes_from(s):
             buf = torch.zeros(route.manifest.total_bytes, dtype=torch.uint8)
-            for start, bucket in SyncPlan(route.manifest, tensors[route.key], 0, 0, {}).buckets():
-                buf[start : start + bucket.numel()] = bucket
+            pack_into(buf, route.manifest.tensors, tensors[route.key])
             packed[route.key] = buf
     return packed, sums
 

@@ -82,6 +82,23 @@ def test_memory_sync_trains_two_grpo_steps_without_writing_an_adapter(tmp_path: 
     # ... and no adapter file was written: SkyRL's LoRA sync directory stays empty
     sync_dir = tmp_path / "lora_sync"
     assert not sync_dir.exists() or not any(sync_dir.iterdir()), list(sync_dir.iterdir())
+    # issue 12: the GLM reward scored the evals SkyRL dumped, and `skyrl-glm report` renders them (table + PNG)
+    report_run_dir(tmp_path / "export_path")
+
+
+def report_run_dir(export: Path) -> None:
+    from skyrl_glm.cli import main
+    from skyrl_glm.dapo.report import collect
+
+    points = collect(export)  # eval before step 1 and after each of the 2 steps; 8 prompts x 2 samples
+    assert [(p.step, p.data_source, p.prompts, p.samples_per_prompt) for p in points] == [
+        (s, "tiny_math", 8, 2) for s in (0, 1, 2)
+    ]
+    assert all(p.cap_share > 0.5 for p in points)  # a random model rarely stops inside 8 tokens
+    records = (export / "dumped_evals" / "global_step_2_evals" / "tiny_math.jsonl").read_text().splitlines()
+    assert all(json.loads(r)["env_class"] == "glm_math" for r in records)
+    assert main(["report", str(export), "--png", str(export / "report.png")]) == 0
+    assert (export / "report.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_disk_sync_runs_the_same_recipe(tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:

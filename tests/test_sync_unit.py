@@ -129,7 +129,7 @@ def test_rejections_name_their_reason():
         "does not match": _bad(plan, tensors=(dataclasses.replace(t0, shape=(3, 3)),) + m.tensors[1:]),
         "unsupported dtype": _bad(plan, tensors=(dataclasses.replace(t0, dtype="int8"),) + m.tensors[1:]),
         "lora_alpha": _bad(plan, adapter_config={**m.adapter_config, "lora_alpha": 16}),
-        "malformed": '{"format": "skyrl-glm/lora-sync/1", "version": "x"}',
+        "missing field": '{"format": "skyrl-glm/lora-sync/2", "version": "x"}',
         "unknown manifest format": '{"format": "pickle"}',
     }
     for reason, text in cases.items():

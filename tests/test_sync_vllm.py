@@ -84,12 +84,44 @@ def test_bad_updates_are_rejected_and_the_old_adapter_keeps_serving(glm45_traine
         "lora_alpha": lambda: _tamper_alpha(publisher, adapter, config, versions.next()),
         "missing": lambda: _drop_one(publisher, adapter, config, versions.next()),
         "shape mismatch": lambda: with_tensor(q_b, adapter[q_b][:, :4].clone()),
+        # hostile manifests straight to the engine (issue 10): each one rejection, the engine keeps serving
+        "outside 0..2**63-1": lambda: _raw(publisher, adapter, config, lambda d: d.update(version=2**63)),
+        "must be an integer, got str": lambda: _raw(publisher, adapter, config, lambda d: d.update(version="99")),
+        "must be an integer, got float": lambda: _raw(publisher, adapter, config, lambda d: d.update(version=99.5)),
+        "empty adapter": lambda: _raw(
+            publisher, adapter, config, lambda d: d.update(tensors=[], aliases={}, alias_runs=[], total_bytes=0)
+        ),
+        "must be a JSON object": lambda: _raw(publisher, adapter, config, lambda d: d.clear(), text="[]"),
+        "'aliases' must be an object": lambda: _raw(
+            publisher, adapter, config, lambda d: d.update(aliases=[["a", "b"]])
+        ),
+        "rank r=": lambda: _raw(
+            publisher,
+            adapter,
+            config,
+            lambda d: d.update(adapter_config={**d["adapter_config"], "r": 4, "lora_alpha": 4}),
+        ),
+        "transfer failed": lambda: _raw(publisher, adapter, config, lambda d: d.update(total_bytes=20 * 10**9)),
     }
     for expected, attempt in cases.items():
         result = attempt()
         assert not result.ok, expected
         assert expected.strip() in result.reason, (expected, result.reason)
         assert _max_diff(glm45_sampler.score(SEQS), serving) == 0.0, f"serving adapter changed after {expected!r}"
+
+
+def _raw(publisher, adapter, config, edit, text=None):
+    """A real plan staged on the transport, its manifest edited as JSON and handed to the engine as it is."""
+    import json
+
+    plan = publisher.plan(adapter, config, 10**6)
+    d = json.loads(plan.manifest.to_json())
+    edit(d)
+    try:
+        handle = publisher.transport.prepare(plan)
+        return publisher.sampler.apply_update(text or json.dumps(d), handle, publisher.transport.name)
+    finally:
+        publisher.transport.release()
 
 
 def _tamper_checksum(publisher, adapter, config, version):

@@ -26,8 +26,24 @@ def _summarise(path: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "sent_bytes": last["sent_bytes"],
         "verified": last["verified"],
         "bit_exact": all(r["verified"]["bit_exact"] for r in runs),
+        "manifest_bytes": last.get("manifest_bytes"),
+        "sender_peak_gpu_bytes": _most([r.get("sender_peak_gpu_bytes") for r in runs]),
+        "receiver_peak_gpu_bytes": _most([r.get("receiver_peak_gpu_bytes") for r in runs]),
         "runs": runs,
     }
+
+
+def _most(values: list[int | None]) -> int | None:
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
+
+
+def _fmt_gb(v: int | None) -> str:
+    return "-" if v is None else f"{v / GB:.3f}"
+
+
+def _fmt_mb(v: int | None) -> str:
+    return "-" if v is None else f"{v / 1e6:.2f}"
 
 
 def _fmt_s(v: float | None) -> str:
@@ -61,6 +77,9 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     t.add_row("unique GB", *(f"{a['unique_bytes'] / GB:.3f}" for _ in paths))
     t.add_row("sent tensors", *(f"{paths[p]['sent_tensors']:,}" for p in paths))
     t.add_row("sent GB", *(f"{paths[p]['sent_bytes'] / GB:.3f}" for p in paths))
+    t.add_row("manifest MB", *(_fmt_mb(paths[p].get("manifest_bytes")) for p in paths))
+    t.add_row("sender peak GPU GB", *(_fmt_gb(paths[p].get("sender_peak_gpu_bytes")) for p in paths))
+    t.add_row("receiver peak GPU GB", *(_fmt_gb(paths[p].get("receiver_peak_gpu_bytes")) for p in paths))
     t.add_row(
         "rebuilt bit-exact",
         *(

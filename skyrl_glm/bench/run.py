@@ -54,9 +54,11 @@ def _combine(path: str, info: dict[str, Any], answer: dict[str, Any]) -> dict[st
     s, r = info["timings"], answer["timings"]
     stages = {
         "fold": s.get("fold_s"),
-        "dedup": s.get("dedup_s"),
+        # ours: exact dedup + its alias runs + the manifest that carries them
+        "dedup": s.get("dedup_s", 0.0) + s.get("alias_s", 0.0) + s.get("manifest_s", 0.0),
         "checksum": s.get("checksum_s"),
-        "transfer": s["stage_s"] + r["transfer_s"],
+        # packing the sent tensors into the transport's buffer, staging, the wire, the receiver's copy
+        "transfer": s.get("pack_s", 0.0) + s["stage_s"] + r["transfer_s"],
         "verify": r.get("verify_s"),
         "rebuild": r.get("rebuild_s"),
         "load": None,
@@ -66,6 +68,7 @@ def _combine(path: str, info: dict[str, Any], answer: dict[str, Any]) -> dict[st
         "sender": s,
         "receiver": r,
         "verified": answer["verified"],
+        "receiver_peak_gpu_bytes": answer.get("receiver_peak_gpu_bytes"),
         **{k: v for k, v in info.items() if k != "timings"},
     }
 

@@ -16,6 +16,23 @@ from skyrl_glm.lora.bridge import adapter_config
 from skyrl_glm.sync.plan import synchronize
 
 
+def _reset_peak(device: torch.device) -> int:
+    """Start a peak-memory window on ``device``; returns the bytes allocated now (the window's base)."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def _peak_since(device: torch.device, base: int) -> int | None:
+    """Peak GPU bytes allocated above ``base`` since :func:`_reset_peak` (None off the GPU)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
 def make_transport(name: str, group: Any = None) -> Any:
     from skyrl_glm.plugins import registry
 
@@ -45,8 +62,8 @@ class Sender:
         )
         from skyrl.backends.skyrl_train.weight_sync.lora_target import dedupe_shared_expert_adapters
 
-        from skyrl_glm.sync.manifest import Manifest, dtype_name, pack_entries
-        from skyrl_glm.sync.plan import SyncPlan
+        from skyrl_glm.sync.manifest import Manifest, align, views
+        from skyrl_glm.sync.plan import SyncPlan, layout, pack_into
 
         # What SkyRL's Megatron worker passes: one adapter per EP rank's experts (EP 1 here) when shared, else 1.
         span = max(1, self.syn.n_experts) if self.opts.share_experts else 1
@@ -55,25 +72,27 @@ class Sender:
         synchronize(self.device)
         t1 = time.perf_counter()
         folded = fold_lora_alpha_for_vllm(to_send, config_rank=self.opts.rank, alpha=self.opts.alpha)
-        tensors = [t.contiguous() for t in folded.values()]
         synchronize(self.device)
         t2 = time.perf_counter()
-        entries, total_bytes = pack_entries(
-            (name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), "")
-            for name, t in zip(folded, tensors, strict=True)
-        )
+        # The sent tensors packed into the transport's buffer (counted as transfer, as SkyRL's transfer engine packs).
+        entries = layout(folded, ["0" * 32] * len(folded))  # SkyRL sends no checksums: a placeholder
+        total = entries[-1].offset + align(entries[-1].nbytes) if entries else 0
+        buffer = self.transport.staging(total, self.device)
+        pack_into(buffer, entries, list(folded.values()))
+        synchronize(self.device)
+        t3 = time.perf_counter()
         manifest = Manifest(
             version=version,
             lora_name="bench",
             adapter_config=mark_alpha_folded(dict(self.config)),
             tensors=entries,
             aliases=aliases,
-            total_bytes=total_bytes,
+            total_bytes=total,
             bucket_bytes=self.opts.bucket_mb << 20,
         )
         public_bytes = sum(t.numel() * t.element_size() for t in self.public.values())
-        plan = SyncPlan(manifest, tensors, len(self.public), public_bytes, {})
-        return plan, {"dedup_s": t1 - t0, "fold_s": t2 - t1}
+        plan = SyncPlan(manifest, views(buffer, entries), len(self.public), public_bytes, {}, buffer)
+        return plan, {"dedup_s": t1 - t0, "fold_s": t2 - t1, "pack_s": t3 - t2}
 
     def _plan_ours(self, version: int) -> tuple[Any, dict[str, float]]:
         from skyrl_glm.sync.plan import build_plan
@@ -84,10 +103,14 @@ class Sender:
             lora_name="bench",
             version=version,
             bucket_bytes=self.opts.bucket_mb << 20,
+            staging=self.transport.staging,
+            # the exporter's own declaration, as SkyRL's path gets it (experts_per_shared_adapter)
+            shared_storage=self.opts.share_experts and not self.opts.copies,
         )
         return plan, dict(plan.timings)
 
     def plan_and_stage(self, path: str, version: int) -> tuple[str, str, dict[str, Any]]:
+        base = _reset_peak(self.device)
         plan, timings = (self._plan_skyrl if path == "skyrl" else self._plan_ours)(version)
         t0 = time.perf_counter()
         handle = self.transport.prepare(plan)
@@ -98,10 +121,14 @@ class Sender:
             "sent_tensors": len(plan.manifest.tensors),
             "sent_bytes": sum(e.nbytes for e in plan.manifest.tensors),
             "aliases": len(plan.manifest.aliases),
+            "alias_runs": len(plan.manifest.alias_runs),
             "wire_bytes": plan.manifest.total_bytes,
             "buckets": len(plan.manifest.buckets()),
+            "sender_peak_gpu_bytes": _peak_since(self.device, base),
         }
-        return plan.manifest.to_json(), json.dumps(handle), {"timings": timings, **info}
+        manifest_json = plan.manifest.to_json()
+        info["manifest_bytes"] = len(manifest_json)
+        return manifest_json, json.dumps(handle), {"timings": timings, **info}
 
     def stream(self) -> float:
         t0 = time.perf_counter()
@@ -144,6 +171,7 @@ class Receiver:
 
     def receive(self, path: str, manifest_json: str, handle_json: str) -> dict[str, Any]:
         handle = json.loads(handle_json)
+        base = _reset_peak(self.device)
         if path == "ours":
             from skyrl_glm.sync.receiver import AdapterReceiver
 
@@ -151,24 +179,33 @@ class Receiver:
             synchronize(self.device)
             tensors, timings = got.tensors, dict(got.timings)
         else:
-            from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases
+            tensors, timings = self._receive_skyrl(manifest_json, handle)
+        peak = _peak_since(self.device, base)
+        verified = verify_rebuilt(tensors, self.syn, self.expected)
+        return {"timings": timings, "verified": verified, "receiver_peak_gpu_bytes": peak}
 
-            from skyrl_glm.sync.manifest import DTYPES as WIRE_DTYPES
-            from skyrl_glm.sync.manifest import Manifest
+    def _receive_skyrl(self, manifest_json: str, handle: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
+        """As SkyRL receives: the control message read as plain JSON (no validation), the bytes, the alias
+        expansion."""
+        from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases
 
-            t0 = time.perf_counter()
-            manifest = Manifest.from_json(manifest_json)
-            staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
-            self.transport.receive(manifest, handle, staging)
-            synchronize(self.device)
-            t1 = time.perf_counter()
-            sent = {
-                e.name: staging[e.offset : e.offset + e.nbytes].view(WIRE_DTYPES[e.dtype]).view(e.shape)
-                for e in manifest.tensors
-            }
-            tensors = expand_lora_aliases(sent, manifest.aliases)
-            timings = {"transfer_s": t1 - t0, "rebuild_s": time.perf_counter() - t1}
-        return {"timings": timings, "verified": verify_rebuilt(tensors, self.syn, self.expected)}
+        from skyrl_glm.sync.manifest import Manifest, TensorEntry, views
+
+        t0 = time.perf_counter()
+        d = json.loads(manifest_json)
+        entries = tuple(
+            TensorEntry(e["name"], e["dtype"], tuple(e["shape"]), e["offset"], e["nbytes"], "") for e in d["tensors"]
+        )
+        fields = ("version", "lora_name", "adapter_config")
+        manifest = Manifest(*(d[k] for k in fields), entries, d["aliases"], d["total_bytes"], d["bucket_bytes"])
+        self.transport.incoming_bytes(manifest, handle)
+        staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
+        self.transport.receive(manifest, handle, staging)
+        synchronize(self.device)
+        t1 = time.perf_counter()
+        sent = dict(zip((e.name for e in entries), views(staging, entries), strict=True))
+        tensors = expand_lora_aliases(sent, manifest.aliases)
+        return tensors, {"transfer_s": t1 - t0, "rebuild_s": time.perf_counter() - t1}
 
     def disk_load(self, path: str) -> dict[str, Any]:
         from safetensors.torch import load_file

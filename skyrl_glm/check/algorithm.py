@@ -8,6 +8,7 @@ sync path; (5) agreement returns. Agreement is judged on prefill logprobs of fix
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from skyrl_glm.check.probes import Probes
 from skyrl_glm.sync.update import Publisher
+from skyrl_glm.usage import UsageError, tolerance
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +45,13 @@ class CheckConfig:
     decode: bool = True
     first_version: int = 1  # adapter versions used: first_version, first_version + 1 (must exceed the sampler's)
 
+    def __post_init__(self) -> None:
+        """Bounds are finite and >= 0: every comparison with a NaN bound is false, so it would pass anything."""
+        for name in ("mean_tol", "max_tol", "repeat_tol"):
+            tolerance(name, getattr(self, name))
+        if not math.isfinite(self.scale):
+            raise UsageError(f"scale must be finite, got {self.scale}")
+
 
 @dataclass
 class Diff:
@@ -60,7 +69,22 @@ class Diff:
 
     @property
     def max(self) -> float:
-        return max(self.per_token, default=0.0)
+        # Python's max() skips a NaN that is not first; a NaN anywhere makes the max NaN.
+        return math.nan if self.nonfinite else max(self.per_token, default=0.0)
+
+    @property
+    def nonfinite(self) -> int:
+        """Tokens where either side's logprob was NaN or infinite: such a score fails its step."""
+        return sum(1 for x in self.per_token if not math.isfinite(x))
+
+    def within(self, mean_tol: float, max_tol: float) -> bool:
+        """Written so that a NaN fails it: ``nan <= tol`` is false."""
+        return self.nonfinite == 0 and self.mean <= mean_tol and self.max <= max_tol
+
+    def describe(self, label: str) -> str:
+        if self.nonfinite:
+            return f"{label}: {self.nonfinite} of {len(self.per_token)} tokens have a non-finite logprob"
+        return f"{label} mean {self.mean:.4g} max {self.max:.4g}"
 
 
 @dataclass
@@ -108,11 +132,7 @@ def judge_agreement(
 ) -> StepResult:
     """An agree step's verdict: every measured path within the mean and max tolerances."""
     measured = [(d, label) for d, label in ((prefill, "prefill"), (decode, "decode")) if d is not None]
-    bad = [
-        f"{lbl} mean {d.mean:.4g} max {d.max:.4g}"
-        for d, lbl in measured
-        if d.mean > config.mean_tol or d.max > config.max_tol
-    ]
+    bad = [d.describe(lbl) for d, lbl in measured if not d.within(config.mean_tol, config.max_tol)]
     detail = "; ".join(bad) if bad else f"within mean<={config.mean_tol}, max<={config.max_tol}"
     return StepResult(step, name, not bad, detail, seconds, prefill, decode)
 
@@ -149,7 +169,7 @@ def run_check(
     repeat = Diff.between(sampler_before, sampler.score(probes.sequences))
     agree(1, "agree", t0, trainer_before, sampler_before)
     report.steps[-1].extra["repeat_max"] = repeat.max
-    if repeat.max > cfg.repeat_tol:
+    if not repeat.max <= cfg.repeat_tol:
         report.steps[-1].passed = False
         report.steps[-1].detail += f"; sampler repeat differs by {repeat.max:.3g} > {cfg.repeat_tol}"
 
@@ -162,8 +182,8 @@ def run_check(
         StepResult(
             2,
             "perturb trainer",
-            changed > 0 and moved.mean > 0,
-            f"{changed} lora_B tensors perturbed (scale {cfg.scale}); trainer moved mean {moved.mean:.4g}",
+            changed > 0 and moved.nonfinite == 0 and moved.mean > 0,
+            f"{changed} lora_B tensors perturbed (scale {cfg.scale}); {moved.describe('trainer moved')}",
             time.perf_counter() - t0,
             moved,
         )
@@ -172,12 +192,13 @@ def run_check(
     # Step 3: the stale sampler must disagree, or the check cannot see a missing handoff.
     t0 = time.perf_counter()
     stale = Diff.between(trainer_after, sampler.score(probes.sequences))
-    detectable = stale.mean > cfg.mean_tol
-    detail = (
-        f"stale sampler disagrees: mean {stale.mean:.4g} > {cfg.mean_tol}"
-        if detectable
-        else f"perturbation NOT detectable: mean {stale.mean:.4g} <= {cfg.mean_tol} (raise the scale)"
-    )
+    detectable = stale.nonfinite == 0 and stale.mean > cfg.mean_tol
+    if stale.nonfinite:
+        detail = stale.describe("stale sampler")
+    elif detectable:
+        detail = f"stale sampler disagrees: mean {stale.mean:.4g} > {cfg.mean_tol}"
+    else:
+        detail = f"perturbation NOT detectable: mean {stale.mean:.4g} <= {cfg.mean_tol} (raise the scale)"
     dec = decode_diff(trainer, sampler, probes) if cfg.decode else None
     record(StepResult(3, "stale must disagree", detectable, detail, time.perf_counter() - t0, stale, dec))
 

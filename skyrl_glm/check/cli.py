@@ -8,11 +8,11 @@ import logging
 from rich.console import Console
 
 from skyrl_glm.check.algorithm import CheckConfig, StepResult
-from skyrl_glm.check.faults import FAULTS, FaultNotApplicable
+from skyrl_glm.check.faults import FAULTS
 from skyrl_glm.check.report import plot, print_table, write_json
 from skyrl_glm.check.runner import CheckOptions, run, transport_choices
-from skyrl_glm.models.base import UnsupportedTargetError
 from skyrl_glm.plugins import registry
+from skyrl_glm.usage import name_list, writable_file
 
 log = logging.getLogger(__name__)
 console = Console(width=140)
@@ -54,13 +54,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> CheckOptions:
+    """The run's options; a bad value raises :class:`~skyrl_glm.usage.UsageError` (exit 2) before any work."""
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            writable_file(option, path)
     return CheckOptions(
         model=args.model,
         trainer=args.trainer,
         sampler=args.sampler,
         transport=args.transport,
         fault=args.fault,
-        lora_targets=None if args.lora_targets is None else [t for t in args.lora_targets.split(",") if t.strip()],
+        lora_targets=name_list("--lora-targets", args.lora_targets),
         allow_unsupported_targets=args.allow_unsupported_targets,
         rank=args.rank,
         alpha=args.alpha,
@@ -80,15 +84,15 @@ def main(args: argparse.Namespace) -> int:
     def on_step(s: StepResult) -> None:
         console.log(f"step {s.step} {s.name}: {'ok' if s.passed else 'FAIL'} ({s.seconds:.2f} s) {s.detail}")
 
-    try:
-        with console.status("skyrl-glm check") as status:
-            report = run(options_from_args(args), on_step=on_step, on_phase=lambda m: status.update(m))
-    except (UnsupportedTargetError, FaultNotApplicable, FileNotFoundError, ValueError) as e:
-        console.print(f"[bold red]error[/]: {e}")
-        return 2
+    options = options_from_args(args)
+    with console.status("skyrl-glm check") as status:
+        report = run(options, on_step=on_step, on_phase=lambda m: status.update(m))
     print_table(report, console)
     info = report.info
-    console.print(f"setup {info['setup_s']:.1f} s (model + engines), five steps {info['steps_s']:.1f} s")
+    tiny = info["tiny_model"]
+    made = f"tiny {tiny['family']} seed {tiny['seed']}" if tiny else "checkpoint"
+    console.print(f"model: {made} at {info['model_dir'] or '(a temporary directory, removed)'}")
+    console.print(f"setup {info['setup_s']:.1f} s (model + engines, warmed), five steps {info['steps_s']:.1f} s")
     if args.json:
         write_json(report, args.json)
     if args.plot:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.usage import UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +24,7 @@ FAULTS = ("none", "no-publish", "drop-aliases", "double-scale", "wrong-target", 
 EXPECTED_FAILURE = {"no-publish": 5, "drop-aliases": 4, "double-scale": 5, "wrong-target": 5, "prefill-only": 5}
 
 
-class FaultNotApplicable(ValueError):
+class FaultNotApplicable(UsageError):
     """The fault cannot be injected into this adapter (e.g. no aliased tensors to drop)."""
 
 
@@ -58,9 +59,9 @@ class DropAliases(_BreaksUpdates):
 
     def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         plan = self.inner.plan(adapter, adapter_config, version)
-        if not plan.manifest.aliases:
+        if not plan.manifest.aliases and not plan.manifest.alias_runs:
             raise FaultNotApplicable("drop-aliases needs an adapter with aliased (shared) tensors; this one has none")
-        plan.manifest = dataclasses.replace(plan.manifest, aliases={})
+        plan.manifest = dataclasses.replace(plan.manifest, aliases={}, alias_runs=())
         return self.inner.send(plan)
 
 

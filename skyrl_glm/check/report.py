@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from skyrl_glm import strict_json
 from skyrl_glm.check.algorithm import CheckReport, Diff
 
 
@@ -41,7 +41,7 @@ def to_dict(report: CheckReport) -> dict[str, Any]:
 
 
 def write_json(report: CheckReport, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(to_dict(report), indent=2))
+    strict_json.write(to_dict(report), path, indent=2)
 
 
 def _fmt(d: Diff | None) -> tuple[str, str]:
@@ -99,6 +99,7 @@ def plot(report: CheckReport, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(9, 4))
     for s in report.steps:
         if s.step in (1, 3, 5) and s.prefill is not None:

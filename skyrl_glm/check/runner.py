@@ -1,23 +1,32 @@
-"""Assemble a check from names: model (registered family or checkpoint dir), trainer, sampler, transport, fault."""
+"""Assemble a check from names: model (registered family or checkpoint dir), trainer, sampler, transport, fault.
+
+:func:`run` validates every option before any work starts (a bad option costs no engine start), then sets up
+the sides in parallel (the vLLM engine in this thread, the HF trainer in another; both warmed on the probes, so
+the timed steps measure the handoff and not first-call costs), then runs the five steps.
+"""
 
 from __future__ import annotations
 
-import json
+import re
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, run_check
-from skyrl_glm.check.faults import inject
-from skyrl_glm.check.probes import make_probes
+from skyrl_glm.check.faults import FAULTS, inject
+from skyrl_glm.check.probes import Probes, make_probes
+from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
 from skyrl_glm.plugins import registry
+from skyrl_glm.usage import UsageError, positive_int
 
 DEFAULT_MODEL = "glm-4.5"
+TINY_SEED = 0  # the seed of the tiny checkpoints a check makes (``skyrl-glm tiny make NAME DIR --seed 0``)
 
 
 def transport_choices() -> list[str]:
@@ -41,54 +50,118 @@ class CheckOptions:
     config: CheckConfig = field(default_factory=CheckConfig)
 
 
-def resolve_model(model: str | None, workdir: str | Path) -> tuple[ModelFamily, Path]:
-    """A registered family name (a tiny checkpoint is made on the fly) or a checkpoint directory."""
+@dataclass(frozen=True)
+class CheckPlan:
+    """Everything :func:`run` needs, found valid before any work: ``model_dir`` is None for a tiny model."""
+
+    family: ModelFamily
+    model_dir: Path | None
+    targets: list[str]
+    trainer_factory: Callable[..., Any]
+    sampler_factory: Callable[..., Any]
+    transport_class: Any  # None for the disk baseline
+    vocab_size: int
+
+
+def resolve_model(model: str | None) -> tuple[ModelFamily, Path | None, dict[str, Any] | None]:
+    """A registered family name (its tiny checkpoint is used) or a checkpoint directory (validated)."""
     reg = registry()
     name = model or DEFAULT_MODEL
     if name in reg.models:
-        from skyrl_glm.models.tiny import make_tiny
-
-        family = reg.model(name)
-        return family, make_tiny(family, Path(workdir) / f"tiny-{family.name}")
+        return reg.model(name), None, None
     path = Path(name)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{name!r} is neither a registered model ({sorted(reg.models)}) nor a checkpoint dir")
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    return reg.model_for_type(model_type), path
+    if not path.is_dir():
+        raise UsageError(f"--model {name!r} is neither a registered model {sorted(reg.models)} nor a directory")
+    config = read_config(path)
+    return reg.model_for_type(config["model_type"]), path, config
 
 
-def build(options: CheckOptions, family: ModelFamily, model_dir: Path) -> tuple[Any, Any, Any]:
-    """``(trainer, sampler, publisher)`` for these options (fault applied)."""
-    from skyrl_glm.sync.publisher import DiskPublisher, InMemoryPublisher
+def check_device(device: str) -> None:
+    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
+    if match is None:
+        raise UsageError(f"unknown device {device!r}: use cpu, cuda or cuda:N")
+    if device == "cpu":
+        return
+    import torch
 
+    index = int(match.group(1) or 0)
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def prepare(options: CheckOptions) -> CheckPlan:
+    """Validate every option (raising :class:`UsageError`); nothing is started or written here."""
     reg = registry()
+    if options.fault not in FAULTS:
+        raise UsageError(f"unknown fault {options.fault!r}; choose from {FAULTS}")
+    if options.transport == "nccl":
+        raise UsageError(
+            "the nccl transport needs a trainer<->engine process group (SkyRL's weight-sync group); "
+            "with the in-process engine use --transport cpu, ipc or disk"
+        )
+    transport_class = None if options.transport == "disk" else reg.transport(options.transport)
+    trainer_factory = reg.trainer(options.trainer)
+    sampler_factory = reg.sampler(options.sampler)
+    positive_int("rank", options.rank)
+    positive_int("alpha", options.alpha)
+    check_device(options.device)
+    family, model_dir, config = resolve_model(options.model)
     targets = family.lora.resolve(
         options.lora_targets,
         sampler=sampler_backend(options.device),
         allow_unsupported=options.allow_unsupported_targets,
     )
-    trainer = reg.trainer(options.trainer)(
-        model_dir, family=family, targets=targets, rank=options.rank, alpha=options.alpha, device=options.device
-    )
-    sampler = reg.sampler(options.sampler)(
-        model_dir,
-        family=family,
-        targets=targets,
-        rank=options.rank,
-        device=options.device,
-        allow_unsupported=options.allow_unsupported_targets,
-    )
-    if options.transport == "disk":
-        publisher: Any = DiskPublisher(sampler, root=Path(options.workdir or tempfile.mkdtemp()) / "adapters")
-    elif options.transport == "nccl":
-        raise ValueError(
-            "the nccl transport needs a trainer<->engine process group (SkyRL's weight-sync group); "
-            "with the in-process engine use --transport cpu, ipc or disk"
+    vocab = family.tiny_vocab_size if config is None else vocab_size(config, model_dir)
+    return CheckPlan(family, model_dir, targets, trainer_factory, sampler_factory, transport_class, vocab)
+
+
+def _warm(side: Any, probes: Probes, generate: bool) -> Any:
+    """One scoring (and generation) on the base model: first-call costs leave the timed steps."""
+    side.score(probes.sequences)
+    if generate:
+        side.generate(probes.prompts, probes.decode_tokens)
+    return side
+
+
+def build(
+    options: CheckOptions, plan: CheckPlan, model_dir: Path, probes: Probes
+) -> tuple[Any, Any, Any, list[Callable[[], None]]]:
+    """``(trainer, sampler, publisher, cleanup)`` for these options (fault applied), trainer and sampler set up
+    at once. ``cleanup`` releases the transport's last buffers and stops the engine, when the steps are done."""
+    from skyrl_glm.sync.publisher import DiskPublisher, InMemoryPublisher
+
+    def trainer() -> Any:
+        side = plan.trainer_factory(
+            model_dir,
+            family=plan.family,
+            targets=plan.targets,
+            rank=options.rank,
+            alpha=options.alpha,
+            device=options.device,
         )
+        return _warm(side, probes, generate=False)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="check-trainer") as pool:
+        trainer_side = pool.submit(trainer)
+        sampler = plan.sampler_factory(
+            model_dir,
+            family=plan.family,
+            targets=plan.targets,
+            rank=options.rank,
+            device=options.device,
+            allow_unsupported=options.allow_unsupported_targets,
+        )
+        _warm(sampler, probes, generate=options.config.decode)
+        trainer_built = trainer_side.result()
+    cleanup = [close] if (close := getattr(sampler, "close", None)) else []
+    if plan.transport_class is None:
+        publisher: Any = DiskPublisher(sampler, root=Path(options.workdir or tempfile.mkdtemp()) / "adapters")
     else:
-        publisher = InMemoryPublisher(sampler, reg.transport(options.transport)())
+        transport = plan.transport_class()
+        publisher = InMemoryPublisher(sampler, transport)
+        cleanup.insert(0, transport.release)
     publisher, sampler = inject(options.fault, publisher, sampler)
-    return trainer, sampler, publisher
+    return trainer_built, sampler, publisher, cleanup
 
 
 def run(
@@ -98,21 +171,31 @@ def run(
 ) -> CheckReport:
     phase = on_phase or (lambda _msg: None)
     t0 = time.perf_counter()
+    plan = prepare(options)
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-check-") as tmp:
         options.workdir = options.workdir or tmp
-        phase("preparing the model")
-        family, model_dir = resolve_model(options.model, options.workdir)
+        model_dir, kept = plan.model_dir, True
+        if model_dir is None:
+            phase(f"preparing the tiny {plan.family.name} model")
+            model_dir, kept = _tiny(plan.family, Path(options.workdir))
         phase(f"starting trainer ({options.trainer}) and sampler ({options.sampler})")
-        trainer, sampler, publisher = build(options, family, model_dir)
+        probes = make_probes(plan.vocab_size, seed=options.config.seed)
+        trainer, sampler, publisher, cleanup = build(options, plan, model_dir, probes)
         t1 = time.perf_counter()
         phase("running the five steps")
-        probes = make_probes(_vocab_size(model_dir), seed=options.config.seed)
-        report = run_check(trainer, sampler, publisher, probes, options.config, on_step=on_step)
+        try:
+            report = run_check(trainer, sampler, publisher, probes, options.config, on_step=on_step)
+        finally:
+            for step in cleanup:
+                step()
         t2 = time.perf_counter()
     report.info.update(
         {
-            "model": family.name,
-            "model_dir": str(model_dir),
+            "model": plan.family.name,
+            # A directory that still exists after the run (the user's, or the cached tiny one), else None.
+            "model_dir": str(model_dir) if kept else None,
+            # How to make the same tiny checkpoint again (None for a user's checkpoint).
+            "tiny_model": None if plan.model_dir else {"family": plan.family.name, "seed": TINY_SEED},
             "trainer": options.trainer,
             "sampler": options.sampler,
             "transport": options.transport,
@@ -126,6 +209,12 @@ def run(
     return report
 
 
-def _vocab_size(model_dir: Path) -> int:
-    cfg = json.loads((model_dir / "config.json").read_text())
-    return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size"))
+def _tiny(family: ModelFamily, workdir: Path) -> tuple[Path, bool]:
+    """The cached tiny checkpoint, or (cache not writable) a temporary one: ``(dir, kept after the run)``."""
+    from skyrl_glm.models.tiny import make_tiny
+    from skyrl_glm.models.tiny_cache import cached_tiny
+
+    cached = cached_tiny(family, seed=TINY_SEED)
+    if cached is not None:
+        return cached, True
+    return make_tiny(family, workdir / f"tiny-{family.name}", seed=TINY_SEED), False

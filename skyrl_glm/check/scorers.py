@@ -13,6 +13,7 @@ from typing import Any
 
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.plugins import SamplerFactory, TrainerFactory, hookimpl
+from skyrl_glm.usage import UsageError
 
 
 def hf_trainer(
@@ -38,7 +39,19 @@ def vllm_sampler(
     )
     kwargs.pop("model")
     kwargs.pop("enable_lora")
-    return VllmEngineSampler(str(model_dir), max_lora_rank=rank, **kwargs)
+    return VllmEngineSampler(str(model_dir), max_lora_rank=_engine_lora_rank(rank), use_tqdm_on_load=False, **kwargs)
+
+
+def _engine_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts (it takes only a few values) that holds ``rank``."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    fits = [r for r in get_args(MaxLoRARanks) if r >= rank]
+    if not fits:
+        raise UsageError(f"rank {rank} is above the largest LoRA rank vLLM serves ({max(get_args(MaxLoRARanks))})")
+    return min(fits)
 
 
 @hookimpl

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.lora.bridge import bridge_export_specs
+from skyrl_glm.usage import positive_int
 
 GB = 1e9
 
@@ -60,6 +61,7 @@ def adapter_sizes(
     model: str = "",
 ) -> AdapterSizes:
     """Counts and bytes of the Bridge-export (public) and deduplicated (unique) adapter for ``config``."""
+    positive_int("rank", rank)
     itemsize = torch.empty((), dtype=dtype).element_size()
     specs = bridge_export_specs(config, rank=rank, targets=targets, share_expert_adapters=share_expert_adapters)
     seen: set[str] = set()
@@ -121,7 +123,7 @@ def print_sizes_table(rows: Sequence[AdapterSizes], console: Any = None, *, by_k
             f"{r.public_bytes / GB:.3f}",
             f"{r.unique_tensors:,}",
             f"{r.unique_bytes / GB:.3f}",
-            f"{r.dedup_ratio:.1f}x",
+            f"{r.dedup_ratio:.1f}x" if r.unique_bytes else "-",
         )
         if by_kind:
             for kind, (pn, pb, un, ub) in r.by_kind.items():

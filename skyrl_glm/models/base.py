@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from skyrl_glm.usage import UsageError
+
 log = logging.getLogger(__name__)
 
 # How vLLM 0.32 splits a LoRA target's tensors over tensor-parallel ranks (its base layer's parallel style;
@@ -26,7 +28,7 @@ EXPERT_ROW = "expert_row"  # routed experts' w2 (down): like ROW
 TP_STYLES = (REPLICATED, COLUMN, ROW, QKV_KV, EXPERT_COLUMN, EXPERT_ROW)
 
 
-class UnsupportedTargetError(ValueError):
+class UnsupportedTargetError(UsageError):
     """A LoRA target the chosen sampler would not apply (training it would diverge silently)."""
 
 
@@ -179,7 +181,7 @@ class ModelFamily:
         if which != "full":
             raise ValueError(f"config must be 'tiny' or 'full', got {which!r}")
         if self.full_config is None:
-            raise ValueError(f"model family {self.name!r} has no full config (only its tiny config); use the tiny one")
+            raise UsageError(f"model family {self.name!r} has no full-size config; use --tiny for its tiny one")
         return self.full_config()
 
     def build_model(self, config: Any) -> Any:

@@ -10,6 +10,10 @@ from typing import Any
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from skyrl_glm.recipes_cli import dry_run
+
+        return dry_run(args.recipe, args.overrides, args)
     from skyrl_glm.train import run_command
 
     return run_command([args.recipe, *args.overrides])
@@ -26,4 +30,7 @@ def add_parser(sub: Any) -> None:
     )
     train.add_argument("recipe", metavar="RECIPE")
     train.add_argument("overrides", nargs="*", metavar="key=value")
+    train.add_argument(
+        "--dry-run", action="store_true", help="print the resolved config, hardware and launch commands; start nothing"
+    )
     train.set_defaults(func=_cmd_train)

@@ -11,6 +11,7 @@ nested dataclasses, which must therefore be real classes, not strings.
 """
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,14 +25,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
 
+from skyrl_glm.skyrl.hardware import HardwareConfig
+from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
+from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
+from skyrl_glm.usage import UsageError
 
 BASE_KEY = "base"
 COMMAND_LINE = "command line"
 RECIPE_SUFFIXES = (".yaml", ".yml")
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A recipe or an override is unusable; the message is one line naming the file and the key."""
 
 
@@ -116,6 +121,8 @@ class GlmSection:
 
     sync: SyncSection = field(default_factory=SyncSection)
     check: CheckSection = field(default_factory=CheckSection)
+    overlong: OverlongPenaltyConfig = field(default_factory=OverlongPenaltyConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cpu: bool = False
     """Run SkyRL's loop on CPU (logical Ray GPUs, CUDA assumptions lifted: skyrl_glm.skyrl.cpu). Never implicit."""
 
@@ -290,14 +297,18 @@ def _check_keys(cls: type, node: Mapping[str, Any], source: str, prefix: str = "
     for key, value in node.items():
         dotted = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"{source}: {dotted}: unknown key (valid here: {', '.join(sorted(names))})")
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"did you mean {prefix}{near[0]}?" if near else f"valid here: {', '.join(sorted(names))}"
+            raise ConfigError(f"{source}: {dotted}: unknown key ({hint})")
         hint = hints[key]
         nested = _dataclass_of(hint)
         if nested is not None and isinstance(value, Mapping):
             _check_keys(nested, value, source, f"{dotted}.")
         elif nested is not None and value is not None:
             raise ConfigError(f"{source}: {dotted}: expected a section (mapping), got {value!r}")
-        elif isinstance(value, str | int | float | bool) and (problem := _scalar_problem(hint, value)):
+        elif (isinstance(value, str | int | float | bool) or hint in (int, float, bool)) and (
+            problem := _scalar_problem(hint, value)
+        ):
             raise ConfigError(f"{source}: {dotted}: {problem}")
 
 
@@ -355,11 +366,14 @@ def load_config(
     try:
         cfg = config_cls.from_cli_overrides(_flatten(values))
         check_consistency(cfg)
+        if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer
+            raise ConfigError(found[0])
         return cfg
     except ConfigError as e:
         raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None
     except (ValueError, TypeError, AssertionError, OmegaConfBaseException) as e:
-        raise ConfigError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{_source_of(layers, message, where)}: {message}") from None
 
 
 def config_yaml(cfg: SkyRLTrainConfig) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from skyrl.train.dataset import PromptDataset
 from skyrl.train.entrypoints.main_base import BasePPOExp
 
+from skyrl_glm.dapo.env import register as register_glm_math
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
@@ -29,6 +30,7 @@ class GlmPPOExp(BasePPOExp):
         if cfg.skyrl_glm.sync.mode == "memory":
             cfg.generator.inference_engine.engine_init_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
         _router_args_compat()
+        register_glm_math()  # the `glm_math` reward env, in the process that builds the generator
         super().__init__(cfg)
 
     def run(self) -> dict[str, Any]:

@@ -26,8 +26,10 @@ from skyrl_glm.check.algorithm import CheckConfig, CheckReport, Diff, StepResult
 from skyrl_glm.check.algorithm import run_check as run_five_steps
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
+from skyrl_glm.dapo.report import dumped_eval_metrics
 from skyrl_glm.skyrl.check import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
 from skyrl_glm.skyrl.config import resolved_transport
+from skyrl_glm.skyrl.overlong import shape_rewards
 from skyrl_glm.skyrl.worker_sync import WorkerSync
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,16 @@ class GlmPPOTrainer(RayPPOTrainer):
     def build_models(self, PolicyWorker: Any, CriticWorker: Any, RefWorker: Any) -> None:  # noqa: N803 - SkyRL's names
         # SkyRL's _setup_trainer passes its own hard-coded classes; the experiment's registry choice replaces them.
         super().build_models(*self.worker_classes)
+
+    def postprocess_generator_output(self, generator_output: Any, uids: Any, *args: Any, **kwargs: Any) -> Any:
+        shape_rewards(generator_output, self.cfg)  # DAPO soft overlong penalty (skyrl_glm.overlong)
+        return super().postprocess_generator_output(generator_output, uids, *args, **kwargs)
+
+    async def eval(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        metrics = await super().eval(*args, **kwargs)
+        if self.cfg.trainer.dump_eval_results:  # accuracy (mean@n) and cap share per eval set, from the dump
+            metrics.update(dumped_eval_metrics(self.cfg.trainer.export_path, self.global_step))
+        return metrics
 
     def init_weight_sync_state(self) -> None:
         settings = worker_sync(self.cfg)

@@ -10,7 +10,10 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
     publisher.py     InMemoryPublisher (the product path) and DiskPublisher (the baseline it is measured against)
     both sides
     manifest.py      Manifest / TensorEntry: the JSON that says exactly what an update holds
-    checksum.py      per-tensor checksums (and the int32-word view dedup fingerprints use)
+    aliases.py       AliasRun rules (expert-index ranges) for the alias map; NameIndex checks them without expanding
+    checksum.py      checksums + NaN/inf per tensor of a packed stream (one Triton kernel on CUDA, numpy elsewhere)
+    compare.py       byte equality of many tensor pairs in one launch (the sender's dedup proofs)
+    nogc.py          the cyclic GC paused around one planning or receiving step
     update.py        UpdateResult and the Sampler protocol: what a publisher drives, engine independent
     transports/      the Transport contract and the named transports (shm, nccl, cuda_ipc)
     sampler side

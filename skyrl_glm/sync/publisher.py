@@ -36,19 +36,25 @@ class InMemoryPublisher:
         transport: Transport,
         lora_name: str = "policy",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        shared_storage: bool = False,
     ) -> None:
+        """``shared_storage``: the exporter hands out one storage per shared tensor (see ``plan.deduplicate``)."""
         self.sampler = sampler
         self.transport = transport
         self.lora_name = lora_name
         self.bucket_bytes = bucket_bytes
+        self.shared_storage = shared_storage
 
     def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
+        """Plan straight into the transport's staging memory (send it with :meth:`send` before the next plan)."""
         return build_plan(
             adapter,
             adapter_config=adapter_config,
             lora_name=self.lora_name,
             version=version,
             bucket_bytes=self.bucket_bytes,
+            staging=self.transport.staging,
+            shared_storage=self.shared_storage,
         )
 
     def _stage(self, plan: SyncPlan) -> tuple[float, float, dict[str, Any]]:
@@ -56,29 +62,35 @@ class InMemoryPublisher:
         handle = self.transport.prepare(plan)
         return t0, time.perf_counter(), handle
 
-    def _released(self, plan: SyncPlan, result: UpdateResult, t0: float, t1: float) -> UpdateResult:
-        self.transport.release()
+    def _timed(self, plan: SyncPlan, result: UpdateResult, t0: float, t1: float) -> UpdateResult:
         result.timings = {**plan.timings, "stage_s": t1 - t0, **result.timings, "total_s": time.perf_counter() - t0}
         return result
 
     def send(self, plan: SyncPlan) -> UpdateResult:
-        """Ship a plan: stage it, let the sampler receive while the transport streams, then release."""
-        t0, t1, handle = self._stage(plan)
-        with ThreadPoolExecutor(1) as pool:
-            answer = pool.submit(self.sampler.apply_update, plan.manifest.to_json(), handle, self.transport.name)
-            self.transport.stream(plan)
-            result = answer.result()
-        return self._released(plan, result, t0, t1)
+        """Ship a plan: stage it, let the sampler receive while the transport streams, then release (always:
+        whatever the sampler or the stream raised, nothing staged outlives the call)."""
+        try:
+            t0, t1, handle = self._stage(plan)
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(self.sampler.apply_update, plan.manifest.to_json(), handle, self.transport.name)
+                self.transport.stream(plan)
+                result = answer.result()
+        finally:
+            self.transport.release()
+        return self._timed(plan, result, t0, t1)
 
     async def send_async(self, plan: SyncPlan) -> UpdateResult:
         """:meth:`send` for an async sampler: its ``apply_update`` is awaited while a thread streams."""
-        t0, t1, handle = await asyncio.to_thread(self._stage, plan)
-        streaming = asyncio.ensure_future(asyncio.to_thread(self.transport.stream, plan))
         try:
-            result = await self.sampler.apply_update(plan.manifest.to_json(), handle, self.transport.name)
+            t0, t1, handle = await asyncio.to_thread(self._stage, plan)
+            streaming = asyncio.ensure_future(asyncio.to_thread(self.transport.stream, plan))
+            try:
+                result = await self.sampler.apply_update(plan.manifest.to_json(), handle, self.transport.name)
+            finally:
+                await streaming
         finally:
-            await streaming
-        return self._released(plan, result, t0, t1)
+            self.transport.release()
+        return self._timed(plan, result, t0, t1)
 
     def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         t0 = time.perf_counter()

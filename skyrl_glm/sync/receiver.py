@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases
 
-from skyrl_glm.sync.checksum import checksums
-from skyrl_glm.sync.manifest import DTYPES, Manifest, ManifestError
+from skyrl_glm.sync.checksum import span_checks
+from skyrl_glm.sync.manifest import Manifest, ManifestError, views
+from skyrl_glm.sync.nogc import paused_gc
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -39,24 +40,50 @@ class ReceivedAdapter:
 
 
 def structure_errors(manifest: Manifest) -> str | None:
-    """What is wrong with the adapter the manifest describes, from names and shapes alone (before any byte
-    moves): every ``lora_A`` needs its ``lora_B`` and their ranks must agree (``A [r, in]``, ``B [out, r]``)."""
+    """What is wrong with the adapter the manifest describes, from the sent tensors' shapes and the alias structure
+    alone (before any byte moves; per sent tensor and per alias rule, not per public name): it has tensors, every
+    ``lora_A`` has its ``lora_B`` and back, and every LoRA matrix has the adapter's rank ``r`` on its rank dimension
+    (``A [..., r, in]``, ``B [..., out, r]``), whatever its number of dims."""
+    if not manifest.tensors:
+        return "empty adapter: the update lists no tensors"
+    r = manifest.adapter_config["r"]
+    index = manifest.names
     shapes = {t.name: t.shape for t in manifest.tensors}
-    shapes.update({public: shapes[sent] for public, sent in manifest.aliases.items()})
-    unpaired, mismatched = [], []
-    for name, shape in shapes.items():
-        for mine, other in ((".lora_A.", ".lora_B."), (".lora_B.", ".lora_A.")):
+    unpaired: list[str] = []
+    wrong_rank: list[str] = []
+
+    def check(label: str, sent: str, pair_present: bool, dim: int) -> None:
+        shape = shapes[sent]
+        if not pair_present:
+            unpaired.append(label)
+        elif len(shape) < 2 or shape[dim] != r:
+            wrong_rank.append(f"{label} {list(shape)}")
+
+    markers = ((".lora_A.", ".lora_B.", -2), (".lora_B.", ".lora_A.", -1))
+    for name, sent in index.explicit.items():
+        for mine, other, dim in markers:
             if mine in name:
-                pair = shapes.get(name.replace(mine, other))
-                if pair is None:
-                    unpaired.append(name)
-                elif mine == ".lora_A." and len(shape) == len(pair) == 2 and shape[0] != pair[1]:
-                    mismatched.append(name)
+                check(name, sent, index.sent_of(name.replace(mine, other)) is not None, dim)
+    for (head, tail), intervals in index.runs.items():
+        for mine, other, dim in markers:
+            if mine in head or mine in tail:
+                h, t = head.replace(mine, other), tail.replace(mine, other)
+                for start, stop, sent in intervals:
+                    check(f"{head}[{start}:{stop}]{tail}", sent, index.covers(h, start, stop, t), dim)
     if unpaired:
         return f"missing tensors: {len(unpaired)} lora_A/lora_B without its pair, e.g. {sorted(unpaired)[:2]}"
-    if mismatched:
-        return f"shape mismatch: lora_A rows != lora_B columns for {sorted(mismatched)[:2]}"
+    if wrong_rank:
+        return f"shape mismatch: {len(wrong_rank)} LoRA tensors without rank r={r}, e.g. {sorted(wrong_rank)[:2]}"
     return None
+
+
+def rebuild(manifest: Manifest, sent: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every public name -> its sent tensor (views, no copies): SkyRL's ``expand_lora_aliases`` for the explicit
+    aliases, then each alias run in one ``dict.fromkeys``."""
+    tensors = expand_lora_aliases(sent, manifest.aliases)
+    for run in manifest.alias_runs:
+        tensors.update(dict.fromkeys(run.names(), sent[run.sent]))
+    return tensors
 
 
 class AdapterReceiver:
@@ -66,11 +93,11 @@ class AdapterReceiver:
         self.device = torch.device(device)
         self.version: int | None = None
 
-    def receive(
-        self, manifest_json: str, handle: dict[str, Any], transport: Transport, verify: bool = True
-    ) -> ReceivedAdapter:
-        """``verify=False`` skips the per-tensor checksum and finiteness checks (the structure is always checked)."""
-        t0 = time.perf_counter()
+    def _admit(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> tuple[Manifest, float]:
+        """Every check that needs no byte of the stream, the stream's size (from the transport) included;
+        returns the manifest and the seconds spent asking the transport (a collective waits for the sender)."""
+        if not isinstance(handle, dict):
+            raise UpdateRejected(f"transport handle must be a JSON object, got {type(handle).__name__}")
         try:
             manifest = Manifest.from_json(manifest_json)
         except ManifestError as e:
@@ -80,29 +107,59 @@ class AdapterReceiver:
         problem = structure_errors(manifest)
         if problem:
             raise UpdateRejected(problem)
+        t0 = time.perf_counter()
+        try:
+            held = transport.incoming_bytes(manifest, handle)
+        except TransportError as e:
+            raise UpdateRejected(f"transfer failed: {e}") from None
+        waited = time.perf_counter() - t0
+        if held < manifest.total_bytes:
+            raise UpdateRejected(
+                f"transfer failed: the manifest claims {manifest.total_bytes} bytes, the transport holds {held}"
+            )
+        return manifest, waited
+
+    def receive(
+        self, manifest_json: str, handle: dict[str, Any], transport: Transport, verify: bool = True
+    ) -> ReceivedAdapter:
+        """Validate, receive, verify and rebuild one update, or raise :class:`UpdateRejected` with the reason.
+        ``verify=False`` skips the per-tensor checksum and finiteness checks (the structure is always checked)."""
+        with paused_gc():
+            return self._receive(manifest_json, handle, transport, verify)
+
+    def _receive(
+        self, manifest_json: str, handle: dict[str, Any], transport: Transport, verify: bool
+    ) -> ReceivedAdapter:
+        t0 = time.perf_counter()
+        try:
+            manifest, waited = self._admit(manifest_json, handle, transport)
+        except UpdateRejected:
+            transport.decline(handle if isinstance(handle, dict) else {})
+            raise
         t1 = time.perf_counter()
+        # Allocated only now: total_bytes is checked against what the sender staged.
         staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
         try:
             transport.receive(manifest, handle, staging)
         except TransportError as e:
             raise UpdateRejected(f"transfer failed: {e}") from None
         t2 = time.perf_counter()
-        sent: dict[str, torch.Tensor] = {}
-        for entry in manifest.tensors:
-            raw = staging[entry.offset : entry.offset + entry.nbytes]
-            sent[entry.name] = raw.view(DTYPES[entry.dtype]).view(entry.shape)
+        sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
         if verify:
-            got = checksums(list(sent.values()))
+            got, finite = span_checks(staging, [(e.offset, e.nbytes, e.dtype) for e in manifest.tensors])
             for entry, cs in zip(manifest.tensors, got, strict=True):
                 if cs != entry.checksum:
                     raise UpdateRejected(f"checksum mismatch on {entry.name!r} (corrupt or partial transfer)")
-            finite = torch.stack([torch.isfinite(t).all() for t in sent.values()]).tolist() if sent else []
-            bad = [n for n, ok in zip(sent, finite, strict=True) if not ok]
+            bad = [e.name for e, ok in zip(manifest.tensors, finite, strict=True) if not ok]
             if bad:
                 raise UpdateRejected(f"non-finite values (NaN/inf) in {bad[:3]}{'...' if len(bad) > 3 else ''}")
         t3 = time.perf_counter()
-        tensors = expand_lora_aliases(sent, manifest.aliases)
-        timings = {"transfer_s": t2 - t1, "verify_s": (t1 - t0) + (t3 - t2), "rebuild_s": time.perf_counter() - t3}
+        tensors = rebuild(manifest, sent)
+        timings = {
+            "transfer_s": t2 - t1 + waited,
+            "verify_s": (t1 - t0 - waited) + (t3 - t2),
+            "rebuild_s": time.perf_counter() - t3,
+        }
         return ReceivedAdapter(manifest.version, manifest.lora_name, manifest.adapter_config, tensors, timings)
 
     def commit(self, version: int) -> None:

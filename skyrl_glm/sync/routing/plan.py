@@ -393,11 +393,12 @@ def plan_routes(
     needs: dict[int, dict[str, str]] = {r: {} for r in range(layout.tp_size)}
     for s, m in enumerate(sender_manifests):
         entries = {t.name: (i, t) for i, t in enumerate(m.tensors)}
-        for public in m.public_names:
+        alias_map = m.alias_map()
+        for public in [*entries, *alias_map]:
             if public in owner:
                 raise RoutingError(f"{public!r} is sent by sender {owner[public]} and sender {s}: assign owners first")
             owner[public] = s
-            i, entry = entries[m.aliases.get(public, public)]
+            i, entry = entries[alias_map.get(public, public)]
             for r, sl in placement(public, entry.shape, layout).items():
                 shape = entry.shape if sl is None else sl.shape(entry.shape)
                 piece = Piece(s, entry.name, sl, entry.dtype, shape)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from skyrl_glm.sync.checksum import checksums
-from skyrl_glm.sync.plan import SyncPlan
+from skyrl_glm.sync.plan import SyncPlan, pack_into
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
 if TYPE_CHECKING:
@@ -85,17 +85,28 @@ class RoutedTransport(Transport):
         raise TypeError("a routed update is many routes: use send_route() per route of the RoutingPlan")
 
     def send_route(self, route: Route, tensors: list[torch.Tensor]) -> None:
-        """Sender side: broadcast the route's packed buckets to its group."""
-        plan = SyncPlan(route.manifest, tensors, len(tensors), 0, {})
+        """Sender side: pack the route's pieces and broadcast its buckets to its group."""
+        device = tensors[0].device if tensors else torch.device("cpu")
+        buffer = torch.zeros(route.manifest.total_bytes, dtype=torch.uint8, device=device)
+        pack_into(buffer, route.manifest.tensors, tensors)
         src, group = self.sender_rank(route.src), self.groups[route.key]
-        starts = [s for s, _ in route.manifest.buckets()]
-        ends = {s: e for s, e in route.manifest.buckets()}
-        for start, bucket in plan.buckets():
-            if start not in ends or bucket.numel() != ends[start] - start:
-                raise TransportError(f"route {route_label(route.key)}: bucket at {start} does not match the layout")
-            dist.broadcast(bucket, src=src, group=group)
-            first = start == starts[0]
-            self._count(route.key, bucket.numel(), len(route.pieces) if first else 0)
+        for i, (start, end) in enumerate(route.manifest.buckets()):
+            dist.broadcast(buffer[start:end], src=src, group=group)
+            self._count(route.key, end - start, len(route.pieces) if i == 0 else 0)
+
+    def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
+        """The end of the last route the handle lists, for routes of this plan's groups only (the routing plan,
+        which every rank computes itself, fixed those routes and sizes)."""
+        try:
+            end = 0
+            for r in handle["routes"]:
+                key = (int(r["src"]), tuple(int(x) for x in r["receivers"]))
+                if key not in self.groups:
+                    raise TransportError(f"handle names route {route_label(key)}, which the plan does not have")
+                end = max(end, int(r["base"]) + int(r["nbytes"]))
+            return end
+        except (KeyError, TypeError, ValueError) as e:
+            raise TransportError(f"malformed routing handle: {type(e).__name__}: {e}") from None
 
     def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
         """Receiver side: each route of the handle, in order, broadcast straight into ``out[base + start: ...]``."""

@@ -3,7 +3,9 @@
 The manifest and the handle travel on the control channel as JSON; only raw bytes use the transport.
 Sender side: ``prepare`` (stage data, return the handle) -> control message to the receiver -> ``stream``
 (push data, for collective transports whose receiver must be waiting) -> ``release`` once the receiver
-answered. Receiver side: ``receive`` fills a private ``uint8[total_bytes]`` buffer.
+answered. Receiver side: ``incoming_bytes`` (what the sender staged, learned from the transport itself, before
+anything is allocated) -> ``receive`` fills a private ``uint8[total_bytes]`` buffer; or ``decline`` when the
+update is rejected first (a collective sender then stops instead of waiting for a peer that never joins).
 """
 
 from __future__ import annotations
@@ -25,9 +27,16 @@ class TransportError(RuntimeError):
 class Transport(ABC):
     name: ClassVar[str]
 
+    def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A zeroed ``uint8[nbytes]`` buffer the plan packs its stream into (``build_plan(staging=...)``): a transport
+        that can send from its own memory (a shared segment, an IPC-shared buffer) returns that, so
+        :meth:`prepare` copies nothing."""
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+
     @abstractmethod
     def prepare(self, plan: SyncPlan) -> dict[str, Any]:
-        """Stage the plan's bytes; return the JSON-able handle the receiver needs."""
+        """Stage the plan's bytes (nothing to do when they are already in :meth:`staging` memory); return the
+        JSON-able handle the receiver needs."""
 
     def stream(self, plan: SyncPlan) -> None:
         """Push the bytes while the receiver is inside :meth:`receive` (collective transports only)."""
@@ -35,6 +44,16 @@ class Transport(ABC):
 
     def release(self) -> None:
         """Free what :meth:`prepare` staged, after the receiver answered."""
+        return None
+
+    @abstractmethod
+    def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
+        """How many bytes the sender staged for this update, read from the transport (segment size, IPC buffer
+        size, a size the sender broadcasts), never from the manifest: the receiver allocates only after checking
+        the manifest's ``total_bytes`` against it."""
+
+    def decline(self, handle: dict[str, Any]) -> None:
+        """The receiver rejected the update before :meth:`receive`; tell the sender where the transport needs to."""
         return None
 
     @abstractmethod

@@ -19,27 +19,76 @@ if TYPE_CHECKING:
 
 
 class CollectiveTransport(Transport):
+    """Per update: the sender broadcasts a header ``[total_bytes, buckets]``; every rank then agrees (an all-reduce
+    MIN of accept flags) whether to go on, so a receiver that rejects the update releases the sender; then one
+    broadcast per bucket. The receiver learns the stream's size from the header, not from the manifest."""
+
     name = "nccl"
 
     def __init__(self, group: dist.ProcessGroup | None = None, src: int = 0) -> None:
         self.group = group
         self.src = src
+        self._header: list[int] | None = None  # receiver: the sender's header of the update in progress
+
+    def _device(self, like: torch.Tensor | None = None) -> torch.device:
+        if like is not None:
+            return like.device
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _agree(self, accept: bool, device: torch.device) -> bool:
+        flag = torch.tensor([int(accept)], dtype=torch.int64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
 
     def prepare(self, plan: SyncPlan) -> dict[str, Any]:
         return {"src": self.src, "buckets": len(plan.manifest.buckets())}
 
     def stream(self, plan: SyncPlan) -> None:
+        device = self._device(plan.tensors[0] if plan.tensors else None)
+        header = [plan.manifest.total_bytes, len(plan.manifest.buckets())]
+        dist.broadcast(torch.tensor(header, dtype=torch.int64, device=device), src=self.src, group=self.group)
+        if not self._agree(True, device):
+            return  # a receiver rejected the update: nothing more is sent
         for _, bucket in plan.buckets():
             dist.broadcast(bucket, src=self.src, group=self.group)
 
-    def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
-        ranges = manifest.buckets()
-        if handle.get("buckets") != len(ranges):
-            raise TransportError(f"sender announces {handle.get('buckets')} buckets, manifest lays out {len(ranges)}")
+    def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
+        header = torch.empty(2, dtype=torch.int64, device=self._device())
         try:
+            dist.broadcast(header, src=self.src, group=self.group)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise TransportError(f"no header from rank {self.src}: {e}") from e
+        self._header = header.tolist()
+        return self._header[0]
+
+    def decline(self, handle: dict[str, Any]) -> None:
+        try:
+            if self._header is None:
+                self.incoming_bytes(None, handle)  # type: ignore[arg-type]  # consume the sender's header
+            self._agree(False, self._device())
+        except (TransportError, RuntimeError, dist.DistBackendError):
+            pass  # the sender is gone: nobody is waiting
+        self._header = None
+
+    def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
+        header, self._header = self._header, None
+        if header is None:
+            raise TransportError("receive() before incoming_bytes(): the sender's header was not read")
+        ranges = manifest.buckets()
+        if header != [manifest.total_bytes, len(ranges)]:
+            self._agree(False, out.device)
+            raise TransportError(
+                f"sender streams {header[0]} bytes in {header[1]} buckets, manifest lays out "
+                f"{manifest.total_bytes} in {len(ranges)}"
+            )
+        try:
+            if not self._agree(True, out.device):
+                raise TransportError("another rank of the group rejected the update")
             for start, end in ranges:
-                dist.broadcast(out[start:end], src=int(handle["src"]), group=self.group)
+                dist.broadcast(out[start:end], src=self.src, group=self.group)
             if out.is_cuda:  # NCCL runs on its own stream: the stream is in ``out`` only once this returns
                 torch.cuda.current_stream(out.device).synchronize()
         except (RuntimeError, dist.DistBackendError) as e:
-            raise TransportError(f"broadcast from rank {handle['src']} failed: {e}") from e
+            raise TransportError(f"broadcast from rank {self.src} failed: {e}") from e

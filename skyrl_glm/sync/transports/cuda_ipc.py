@@ -22,7 +22,7 @@ def _enc(v: Any) -> Any:
 
 
 def _dec(v: Any) -> Any:
-    return base64.b64decode(v["b64"]) if isinstance(v, dict) else v
+    return base64.b64decode(v["b64"], validate=True) if isinstance(v, dict) else v
 
 
 class CudaIpcTransport(Transport):
@@ -31,30 +31,41 @@ class CudaIpcTransport(Transport):
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
 
-    def prepare(self, plan: SyncPlan) -> dict[str, Any]:
-        device = plan.tensors[0].device if plan.tensors else torch.device("cuda")
+    def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
             raise TransportError("the CUDA IPC transport needs the adapter on a CUDA device")
-        buf = torch.empty(max(plan.manifest.total_bytes, 1), dtype=torch.uint8, device=device)
-        # Pack each tensor straight into the shared buffer (no intermediate bucket copy).
-        for entry, t in zip(plan.manifest.tensors, plan.tensors, strict=True):
-            buf[entry.offset : entry.offset + entry.nbytes].copy_(t.reshape(-1).view(torch.uint8))
-        torch.cuda.current_stream(device).synchronize()
-        self._buffer = buf
+        self._buffer = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
+        return self._buffer[:nbytes]
+
+    def prepare(self, plan: SyncPlan) -> dict[str, Any]:
+        buf = self._buffer
+        if buf is None or plan.buffer.data_ptr() != buf.data_ptr():  # not packed in our memory: copy it there
+            src = plan.buffer[: plan.manifest.total_bytes]
+            buf = self.staging(plan.manifest.total_bytes, src.device)
+            buf[: src.numel()].copy_(src)
+        torch.cuda.current_stream(buf.device).synchronize()
         shared = buf.untyped_storage()._share_cuda_()
-        return {"storage": [_enc(v) for v in shared], "nbytes": buf.numel()}
+        return {"storage": [_enc(v) for v in shared], "nbytes": buf.untyped_storage().nbytes()}
 
     def release(self) -> None:
         self._buffer = None
 
+    @staticmethod
+    def _open(handle: dict[str, Any]) -> torch.UntypedStorage:
+        """Map the sender's buffer (no allocation: the IPC mapping of memory the sender already holds)."""
+        try:
+            args = [_dec(v) for v in handle["storage"]]
+            return torch.UntypedStorage._new_shared_cuda(*args)
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise TransportError(f"cannot open the sender's CUDA IPC buffer: {e}") from None
+
+    def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
+        return self._open(handle).nbytes()
+
     def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
         if manifest.total_bytes == 0:
             return
-        try:
-            args = [_dec(v) for v in handle["storage"]]
-            storage = torch.UntypedStorage._new_shared_cuda(*args)
-        except (KeyError, TypeError, RuntimeError) as e:
-            raise TransportError(f"cannot open the sender's CUDA IPC buffer: {e}") from None
+        storage = self._open(handle)
         if storage.nbytes() < manifest.total_bytes:
             raise TransportError(f"IPC buffer holds {storage.nbytes()} bytes, manifest needs {manifest.total_bytes}")
         src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (manifest.total_bytes,))

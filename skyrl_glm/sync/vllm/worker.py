@@ -41,12 +41,12 @@ class LoraSyncWorkerExtension:
         try:
             tx = registry().transport(transport)()
             adapter = self._skyrl_glm_receiver().receive(manifest_json, handle, tx, verify=bool(verify))
+            name = staged_name(adapter.lora_name, adapter.version)
+            stage_in_memory_adapter(name, adapter.tensors, adapter.adapter_config)
         except UpdateRejected as e:
             return {"ok": False, "reason": e.reason}
         except Exception as e:  # noqa: BLE001 - any failure is a rejection, the old adapter keeps serving
             return {"ok": False, "reason": f"{type(e).__name__}: {e}"}
-        name = staged_name(adapter.lora_name, adapter.version)
-        stage_in_memory_adapter(name, adapter.tensors, adapter.adapter_config)
         return {"ok": True, "staged": name, "version": adapter.version, "timings": adapter.timings}
 
     def skyrl_glm_commit(self, version: int, keep: list[str]) -> list[str]:

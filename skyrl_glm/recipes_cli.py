@@ -1,0 +1,267 @@
+"""``skyrl-glm recipes | data | report``, and what ``skyrl-glm train --dry-run`` prints.
+
+Parser building imports nothing heavy; SkyRL, datasets and matplotlib are imported inside the commands.
+Bad input (unknown recipe, bad key, wrong type, unreadable data) is one ``error:`` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+console = Console(width=140, soft_wrap=True)
+err_console = Console(stderr=True, width=140)
+
+RAY_PORT = 6379
+
+
+def _error(message: str) -> int:
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
+    return 2
+
+
+def _quiet(args: argparse.Namespace | None) -> None:
+    """Building SkyRL's config imports vLLM and SkyRL's loguru logging; keep their start-up chatter out of the
+    output unless ``-v``."""
+    if args is not None and getattr(args, "verbose", False):
+        return
+    import logging
+    import os
+    import sys
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    for name in ("vllm", "torch.utils.cpp_extension"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    from skyrl_glm.skyrl.config import ConfigError
+
+    return (ConfigError,)
+
+
+def _load(recipe: str, overrides: list[str]) -> Any:
+    from skyrl_glm.skyrl.config import load_config  # also checks layout vs hardware and sampler-safe LoRA targets
+
+    return load_config(recipe, overrides)
+
+
+def _first_comment(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _hardware_line(cfg: Any) -> str:
+    from skyrl_glm.skyrl.hardware import gpu_needs
+
+    hw = cfg.skyrl_glm.hardware
+    needs = gpu_needs(cfg)
+    use = (
+        f"{needs.total} GPUs, trainer and sampler colocated"
+        if needs.colocated
+        else f"{needs.total} GPUs: {needs.trainer} trainer + {needs.sampler} sampler"
+    )
+    if not hw.stated:
+        return f"not stated; the layout uses {use}"
+    host = f", >= {hw.host_memory_gb} GB host RAM per node" if hw.host_memory_gb else ""
+    return f"{hw.nodes} node(s) x {hw.gpus_per_node} {hw.gpu or 'GPU'} ({hw.gpu_memory_gb} GB){host}; uses {use}"
+
+
+def _layout_line(cfg: Any) -> str:
+    t = cfg.trainer
+    if t.strategy == "megatron":
+        m = t.policy.megatron_config
+        dp = t.placement.policy_num_nodes * t.placement.policy_num_gpus_per_node
+        dp //= m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+        etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size
+        trainer = (
+            f"megatron TP {m.tensor_model_parallel_size} x PP {m.pipeline_model_parallel_size} x CP "
+            f"{m.context_parallel_size} (DP {dp}), EP {m.expert_model_parallel_size} x ETP {etp}"
+        )
+    else:
+        trainer = f"{t.strategy} on {t.placement.policy_num_nodes} x {t.placement.policy_num_gpus_per_node}"
+    e = cfg.generator.inference_engine
+    sampler = (
+        f"{e.num_engines} x {e.backend} (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size} x DP "
+        f"{e.data_parallel_size}, EP {e.expert_parallel_size})"
+    )
+    from skyrl_glm.skyrl.config import resolved_transport
+
+    lora = t.policy.model.lora
+    sync = f"{cfg.skyrl_glm.sync.mode} sync via {resolved_transport(cfg)}"
+    return f"trainer {trainer}; sampler {sampler}; LoRA r{lora.rank}/alpha {lora.alpha}; {sync}"
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    _quiet(args)
+    from rich.table import Table
+
+    from skyrl_glm.skyrl.config import packaged_recipes, resolve_recipe
+
+    table = Table(title="packaged recipes (skyrl-glm recipes show NAME)")
+    for col in ("name", "model", "hardware", "what"):
+        table.add_column(col)
+    for name in packaged_recipes():
+        path = resolve_recipe(name)
+        try:
+            cfg = _load(name, [])
+            model = cfg.trainer.policy.model.path
+            hardware = _hardware_line(cfg) if model else "-"
+            model = model or "(a base for other recipes)"
+        except _config_errors() as e:
+            model, hardware = "-", f"does not build: {e}"
+        table.add_row(name, model, hardware, _first_comment(path))
+    console.print(table)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from skyrl_glm.skyrl.config import resolve_recipe
+
+    try:
+        path = resolve_recipe(args.recipe)
+    except _config_errors() as e:
+        return _error(str(e))
+    console.print(f"[bold]{path}[/]", highlight=False)
+    print(path.read_text(), end="")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    _quiet(args)
+    try:
+        cfg = _load(args.recipe, args.overrides)
+    except _config_errors() as e:
+        return _error(str(e))
+    console.print(f"[green]ok[/] {args.recipe}: {cfg.trainer.policy.model.path}", highlight=False)
+    console.print(f"  hardware: {_hardware_line(cfg)}", highlight=False)
+    console.print(f"  layout:   {_layout_line(cfg)}", highlight=False)
+    return 0
+
+
+def launch_commands(recipe: str, overrides: list[str], cfg: Any) -> dict[str, list[str]]:
+    """Shell lines that start the run: on one node, and as a multi-node Ray cluster (head first)."""
+    train = shlex.join(["skyrl-glm", "train", recipe, *overrides])
+    hw = cfg.skyrl_glm.hardware
+    gpus = hw.gpus_per_node or cfg.trainer.placement.policy_num_gpus_per_node
+    nodes = max(hw.nodes, 1)
+    multi = [
+        f"# on the head node:  ray start --head --port={RAY_PORT} --num-gpus={gpus}",
+        f"# on each of the other {nodes - 1} node(s):  ray start --address=<head-ip>:{RAY_PORT} --num-gpus={gpus}",
+        f"RAY_ADDRESS=<head-ip>:{RAY_PORT} {train}   # on the head node; the job spreads over the cluster",
+    ]
+    single = "single node" if nodes == 1 else f"single node (this layout needs {nodes} nodes: scale it down first)"
+    return {single: [train], f"multi-node Ray ({nodes} nodes)": multi}
+
+
+def dry_run(recipe: str, overrides: list[str], args: argparse.Namespace | None = None) -> int:
+    """``skyrl-glm train RECIPE [k=v ...] --dry-run``: the resolved config, the hardware and the launch commands;
+    nothing is started (no Ray, no engine, no model load)."""
+    from skyrl_glm.skyrl.config import config_yaml
+
+    _quiet(args)
+    try:
+        cfg = _load(recipe, overrides)
+    except _config_errors() as e:
+        return _error(str(e))
+    print(config_yaml(cfg), end="")
+    console.print(f"[bold]# hardware:[/] {_hardware_line(cfg)}", highlight=False)
+    console.print(f"[bold]# layout:[/]   {_layout_line(cfg)}", highlight=False)
+    for role, files in (("train", cfg.data.train_data), ("eval", cfg.data.val_data)):
+        for f in files:
+            state = "present" if Path(f).exists() else "missing (skyrl-glm data prepare ...)"
+            console.print(f"[bold]# {role} data:[/] {f}: {state}", highlight=False)
+    for where, lines in launch_commands(recipe, overrides, cfg).items():
+        console.print(f"[bold]# launch, {where}:[/]", highlight=False)
+        for line in lines:
+            print(line)
+    console.print("# dry run: nothing was started", highlight=False)
+    return 0
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    import logging
+
+    from skyrl_glm.dapo.data import DataError, prepare
+
+    if not args.verbose:  # `datasets` logs a load failure itself; the one error line below says it
+        from datasets.utils import logging as datasets_logging
+
+        datasets_logging.set_verbosity(logging.CRITICAL)
+
+    try:
+        out = prepare(args.dataset, args.input, Path(args.output), limit=args.limit)
+    except (DataError, FileNotFoundError) as e:
+        return _error(str(e))
+    except Exception as e:  # a datasets id that cannot be fetched, a corrupt parquet: one line, not a traceback
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return _error(f"{args.input}: cannot load ({type(e).__name__}: {first})")
+    console.print(
+        f"wrote {out.path}: {out.rows_out} prompts ({out.rows_in} rows read, {out.duplicates} duplicates, "
+        f"{out.conflicting} prompts with conflicting answers dropped)",
+        highlight=False,
+    )
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import json
+
+    from skyrl_glm.dapo.report import ReportError, collect, plot, print_table, to_json
+
+    try:
+        points = collect(Path(args.run_dir))
+    except ReportError as e:
+        return _error(str(e))
+    print_table(points, console)
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(points), indent=2))
+        console.print(f"wrote {args.json}", highlight=False)
+    png = Path(args.png) if args.png else Path(args.run_dir) / "eval_report.png"
+    try:
+        console.print(f"wrote {plot(points, png)}", highlight=False)
+    except ImportError:
+        return _error("the PNG needs matplotlib: pip install 'skyrl-glm[plot]' (the table above is complete)")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    recipes = sub.add_parser("recipes", help="packaged training recipes").add_subparsers(
+        dest="recipes_cmd", required=True
+    )
+    recipes.add_parser("list", help="the packaged recipes, their model and hardware").set_defaults(func=_cmd_list)
+    show = recipes.add_parser("show", help="print a recipe file")
+    show.add_argument("recipe", help="packaged recipe name or YAML file")
+    show.set_defaults(func=_cmd_show)
+    validate = recipes.add_parser(
+        "validate", help="build SkyRL's real config from a recipe (strict keys, types, layout vs hardware)"
+    )
+    validate.add_argument("recipe", help="packaged recipe name or YAML file")
+    validate.add_argument("overrides", nargs="*", help="key=value overrides")
+    validate.set_defaults(func=_cmd_validate)
+
+    data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_cmd", required=True)
+    prep = data.add_parser("prepare", help="DAPO-Math-17k / AIME 2024 into SkyRL's prompt parquet (env glm_math)")
+    prep.add_argument("dataset", choices=("dapo-math", "aime2024"))
+    prep.add_argument("--input", required=True, help="a .parquet / .jsonl file, or a datasets id (name[:split])")
+    prep.add_argument("--output", required=True, help="output directory")
+    prep.add_argument("--limit", type=int, default=None, help="keep the first N prompts")
+    prep.set_defaults(func=_cmd_data_prepare)
+
+    report = sub.add_parser("report", help="eval accuracy, response length, cap share over steps from a run dir")
+    report.add_argument("run_dir", help="trainer.export_path of the run (holds dumped_evals/)")
+    report.add_argument("--png", help="where to write the plot (default RUN_DIR/eval_report.png)")
+    report.add_argument("--json", help="also write the numbers as JSON")
+    report.set_defaults(func=_cmd_report)

@@ -1,0 +1,82 @@
+"""``skyrl_glm.hardware``: the machines a recipe assumes, and the GPUs its parallel layout actually asks for.
+
+SkyRL's config says how many GPUs each role uses but not which GPU or how many nodes the author sized the
+memory for; a recipe states it here so ``recipes validate`` can refuse a layout that needs more GPUs than
+the stated hardware has, and ``train --dry-run`` can print what to reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class HardwareConfig:
+    """What the recipe was sized for (0 / empty: not stated, nothing checked)."""
+
+    gpu: str = ""
+    """GPU model, e.g. ``H200``."""
+    gpu_memory_gb: int = 0
+    """Memory per GPU in GB (10^9 bytes) as the vendor states it (H200: 141)."""
+    nodes: int = 0
+    gpus_per_node: int = 0
+    host_memory_gb: int = 0
+    """Host RAM per node the layout needs (colocated runs park the sleeping side's weights there)."""
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_memory_gb", "nodes", "gpus_per_node", "host_memory_gb"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"skyrl_glm.hardware.{name}: must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def stated(self) -> bool:
+        return self.nodes > 0 and self.gpus_per_node > 0
+
+
+@dataclass(frozen=True)
+class GpuNeeds:
+    """GPUs a SkyRL config's placement asks Ray for."""
+
+    trainer: int
+    sampler: int
+    colocated: bool
+
+    @property
+    def total(self) -> int:
+        return self.trainer if self.colocated else self.trainer + self.sampler
+
+
+def gpu_needs(cfg: Any) -> GpuNeeds:
+    """Trainer GPUs (policy, plus a separate reference model when one is used) and sampler GPUs."""
+    placement = cfg.trainer.placement
+    algorithm = cfg.trainer.algorithm
+    trainer = placement.policy_num_nodes * placement.policy_num_gpus_per_node
+    uses_ref = algorithm.use_kl_loss or algorithm.use_kl_in_reward
+    if uses_ref and not placement.colocate_policy_ref and not placement.colocate_all:
+        trainer += placement.ref_num_nodes * placement.ref_num_gpus_per_node
+    engine = cfg.generator.inference_engine
+    sampler = engine.num_engines * engine.tensor_parallel_size * engine.pipeline_parallel_size
+    sampler *= engine.data_parallel_size
+    return GpuNeeds(trainer=trainer, sampler=sampler, colocated=placement.colocate_all)
+
+
+def layout_problem(cfg: Any) -> str | None:
+    """Why the placement does not fit the stated hardware (one line), or None."""
+    hw: HardwareConfig = cfg.skyrl_glm.hardware
+    if not hw.stated:
+        return None
+    needs = gpu_needs(cfg)
+    have = hw.nodes * hw.gpus_per_node
+    if needs.total > have:
+        how = "colocated" if needs.colocated else f"{needs.trainer} trainer + {needs.sampler} sampler"
+        return (
+            f"skyrl_glm.hardware: the layout needs {needs.total} GPUs ({how}) but the recipe states "
+            f"{hw.nodes} x {hw.gpus_per_node} = {have}"
+        )
+    if cfg.trainer.placement.policy_num_gpus_per_node > hw.gpus_per_node:
+        return (
+            f"trainer.placement.policy_num_gpus_per_node: {cfg.trainer.placement.policy_num_gpus_per_node} "
+            f"exceeds skyrl_glm.hardware.gpus_per_node={hw.gpus_per_node}"
+        )
+    return None

@@ -1,0 +1,45 @@
+"""Checks on a built config that SkyRL's strict keys cannot make: the recipe's own promises.
+
+A layout needing more GPUs than the stated hardware, a LoRA target the sampler silently ignores, an overlong
+buffer longer than the response cap. Each problem is one line naming the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from skyrl_glm.skyrl.hardware import layout_problem
+
+
+def unsafe_megatron_targets(targets: Any, sampler: str = "vllm") -> list[str]:
+    """Megatron LoRA target names that every registered model maps to a module ``sampler`` does not apply
+    (e.g. ``linear_kv_up_proj`` = MLA ``kv_b_proj`` on vLLM), with the reason."""
+    from skyrl_glm.plugins import registry
+
+    if isinstance(targets, str):
+        return []
+    found = []
+    for name in targets:
+        matches = [t for fam in registry().models.values() for t in fam.lora.targets if t.megatron == name]
+        if matches and all(sampler in t.unsupported for t in matches):
+            found.append(f"{name} ({matches[0].hf}): {matches[0].unsupported[sampler]}")
+    return found
+
+
+def problems(cfg: Any) -> list[str]:
+    """Every broken promise of a built skyrl-glm config (empty when it is consistent)."""
+    out = []
+    if (layout := layout_problem(cfg)) is not None:
+        out.append(layout)
+    lora = cfg.trainer.policy.model.lora
+    if lora.rank > 0 and cfg.trainer.strategy == "megatron":
+        for bad in unsafe_megatron_targets(lora.target_modules):
+            out.append(f"trainer.policy.model.lora.target_modules: the sampler ignores {bad}")
+    overlong = cfg.skyrl_glm.overlong
+    cap = cfg.generator.sampling_params.max_generate_length
+    if overlong.buffer_len > cap:
+        out.append(
+            f"skyrl_glm.overlong.buffer_len: {overlong.buffer_len} is longer than the response cap "
+            f"generator.sampling_params.max_generate_length={cap}"
+        )
+    return out

@@ -1,0 +1,90 @@
+"""Bad input from a user, and the checks that find it before any work starts.
+
+Every error a user can fix (an unknown name, a bad number, a path that cannot be written) is a
+:class:`UsageError`; ``skyrl-glm`` prints its message on one line and exits 2, never with a traceback.
+Kept free of heavy imports: the CLI's argument checks use it before torch or vLLM load.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+
+class UsageError(ValueError):
+    """Input the user must change; the message names the option or file and what is wrong with it."""
+
+
+def one_line(message: object) -> str:
+    """The message with its line breaks and runs of spaces folded: an error is reported on one line."""
+    return " ".join(str(message).split())
+
+
+def positive_int(option: str, value: int) -> int:
+    if value < 1:
+        raise UsageError(f"{option} must be a positive integer, got {value}")
+    return value
+
+
+def tolerance(option: str, value: float) -> float:
+    """A comparison bound: finite and >= 0 (a NaN bound would make every comparison with it false)."""
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{option} must be a finite number >= 0, got {value}")
+    return value
+
+
+def name_list(option: str, text: str | None) -> list[str] | None:
+    """A comma-separated list of names (``None`` when the option was not given); given but empty is an error."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError(f"{option} names no targets (got {text!r}); leave it out for the default targets")
+    return names
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _can_create_in(directory: Path) -> str | None:
+    """Why a file cannot be created in ``directory`` (None if it can): tried, since permission bits lie to root."""
+    if not directory.is_dir():
+        return f"{directory} is not a directory"
+    try:
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as e:
+        return f"cannot write in {directory} ({e.strerror or e})"
+    return None
+
+
+def writable_file(option: str, path: str | Path) -> Path:
+    """``path`` can be created or overwritten as a file (checked before a run, so a finished run is not lost)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory, not a file")
+    if path.exists():
+        try:
+            path.open("ab").close()
+        except OSError as e:
+            raise UsageError(f"{option} {path}: cannot write ({e.strerror or e})") from None
+        return path
+    why = _can_create_in(_nearest_existing(path.parent))
+    if why:
+        raise UsageError(f"{option} {path}: {why}")
+    return path
+
+
+def writable_dir(option: str, path: str | Path) -> Path:
+    """``path`` is a directory, or can be created as one, and files can be written in it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: exists and is not a directory")
+    why = _can_create_in(_nearest_existing(path))
+    if why:
+        raise UsageError(f"{option} {path}: {why}")
+    return path

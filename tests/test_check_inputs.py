@@ -1,0 +1,128 @@
+"""What the check accepts: NaN never passes, bounds are real numbers, reports are strict JSON, options are
+refused before any work, and the model a report names still exists after the run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import pytest
+
+from skyrl_glm.check.algorithm import CheckConfig, CheckReport, Diff, StepResult
+from skyrl_glm.check.report import write_json
+from skyrl_glm.check.runner import CheckOptions, run
+from skyrl_glm.usage import UsageError
+
+
+@pytest.mark.parametrize("field", ["mean_tol", "max_tol", "repeat_tol"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -0.1])
+def test_a_bound_that_is_not_a_real_number_is_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        CheckConfig(**{field: value})
+
+
+def test_a_nan_scale_is_refused():
+    with pytest.raises(ValueError, match="scale"):
+        CheckConfig(scale=math.nan)
+
+
+def test_a_nan_anywhere_fails_agreement():
+    # Python's max() keeps the first element when a later one is NaN: max([0.0, nan]) == 0.0.
+    for per_token in ([0.0, math.nan], [math.nan, 0.0], [math.inf, 0.0], [math.nan] * 3):
+        d = Diff(per_token)
+        assert math.isnan(d.max) or math.isinf(d.max)
+        assert not d.within(0.05, 0.5)
+        assert "non-finite" in d.describe("prefill")
+    assert Diff([0.01, 0.02]).within(0.05, 0.5)
+
+
+def _report_with_nan() -> CheckReport:
+    report = CheckReport(CheckConfig())
+    nan_diff = Diff([0.0, math.nan, math.inf, math.nan, math.nan, 0.1])
+    report.steps.append(StepResult(1, "agree", False, "nan", 0.1, nan_diff, Diff([math.nan]), {"repeat_max": math.nan}))
+    return report
+
+
+def test_json_report_is_strict_json_with_the_reason_for_each_null(tmp_path):
+    path = tmp_path / "sub" / "r.json"
+    write_json(_report_with_nan(), path)
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"bare {constant} in the report: not JSON")
+
+    report = json.loads(path.read_text(), parse_constant=refuse)
+    step = report["steps"][0]
+    assert step["prefill"]["mean"] is None and step["prefill"]["per_token"][1] is None
+    assert step["prefill"]["per_token"][5] == 0.1
+    reasons = report["non_finite"]
+    assert reasons["steps[0].prefill.mean"] == "nan"
+    assert reasons["steps[0].prefill.per_token[*]"] == "1 of 6 inf, 3 of 6 nan"
+    assert reasons["steps[0].decode.per_token[0]"] == "nan"
+    assert reasons["steps[0].extra.repeat_max"] == "nan"
+
+
+def test_sizes_refuses_a_rank_below_1_and_never_prints_nan():
+    from rich.console import Console
+
+    from skyrl_glm.lora.sizes import AdapterSizes, family_sizes, print_sizes_table
+    from skyrl_glm.models import glm5
+
+    for rank in (0, -8):
+        with pytest.raises(ValueError, match="rank"):
+            family_sizes(glm5.FAMILY, full=False, rank=rank)
+    empty = AdapterSizes("m", 8, "bfloat16", (), True, 0, 0, 0, 0)
+    console = Console(record=True, width=140)
+    print_sizes_table([empty], console)
+    assert "nan" not in console.export_text()
+
+
+def test_nccl_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Before: refused only when the publisher was built, after the tiny model and the vLLM engine (58 s)."""
+    monkeypatch.setenv("SKYRL_GLM_CACHE", str(tmp_path / "cache"))
+    phases: list[str] = []
+    with pytest.raises(UsageError, match="nccl"):
+        run(CheckOptions(transport="nccl", workdir=str(tmp_path)), on_phase=phases.append)
+    assert phases == [] and not (tmp_path / "cache").exists()
+
+
+def test_tiny_models_are_cached_by_family_and_seed(tmp_path, monkeypatch):
+    from skyrl_glm.checkpoint import read_config
+    from skyrl_glm.models.tiny_cache import cached_tiny
+    from skyrl_glm.plugins import registry
+
+    monkeypatch.setenv("SKYRL_GLM_CACHE", str(tmp_path / "cache"))
+    family = registry().model("glm-4.5")
+    first = cached_tiny(family, seed=0)
+    weights = first / "model.safetensors"
+    made = weights.stat().st_mtime_ns
+    assert cached_tiny(family, seed=0) == first and weights.stat().st_mtime_ns == made  # reused, not remade
+    assert first.name.startswith("glm-4.5-seed0-") and read_config(first)["model_type"] == "glm4_moe"
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no scratch copy left behind
+    os.truncate(weights, 100)  # a damaged cache entry is remade, not served
+    assert cached_tiny(family, seed=0) == first and read_config(first)
+    monkeypatch.setenv("SKYRL_GLM_CACHE", "/proc/skyrl-glm-cache")
+    assert cached_tiny(family, seed=0) is None  # not writable: the caller makes a temporary one
+
+
+def test_quiet_by_default_verbose_lets_vllm_talk():
+    from skyrl_glm import quiet
+
+    saved_env, names = dict(os.environ), ("vllm", "transformers", "torch")
+    saved_levels = {n: logging.getLogger(n).level for n in names}
+    try:
+        for name in quiet.QUIET:
+            os.environ.pop(name, None)
+        os.environ["LOGURU_LEVEL"] = "TRACE"  # a user's own setting wins
+        quiet.configure(verbose=False)
+        assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR" and os.environ["LOGURU_LEVEL"] == "TRACE"
+        assert logging.getLogger("vllm").level == logging.ERROR
+        del os.environ["VLLM_LOGGING_LEVEL"]
+        quiet.configure(verbose=True)
+        assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for n, level in saved_levels.items():
+            logging.getLogger(n).setLevel(level)

@@ -1,0 +1,55 @@
+"""The CUDA kernels (Triton) agree with the CPU paths: span checksums + NaN/inf flags, and pairwise byte equality."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from skyrl_glm.sync.checksum import span_checks
+from skyrl_glm.sync.compare import equal_pairs
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _stream(seed: int = 0) -> tuple[torch.Tensor, list]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [((7, 33), torch.bfloat16), ((50_000,), torch.float32), ((3,), torch.float16), ((640, 33), torch.bfloat16)]
+    shapes += [((int(n),), torch.bfloat16) for n in torch.randint(1, 40_000, (200,), generator=g)]
+    tensors = [torch.randn(s, generator=g).to(dt) for s, dt in shapes]
+    tensors[3][5, 7] = float("nan")
+    tensors[2][1] = float("inf")
+    tensors[40][-1] = float("-inf")
+    spans, offset = [], 0
+    for t in tensors:
+        spans.append((offset, t.nbytes, str(t.dtype).removeprefix("torch.")))
+        offset += (t.nbytes + 63) // 64 * 64
+    stream = torch.zeros(offset, dtype=torch.uint8)
+    for (o, n, _), t in zip(spans, tensors, strict=True):
+        stream[o : o + n] = t.reshape(-1).view(torch.uint8)
+    return stream, spans
+
+
+def test_span_checks_triton_equals_cpu():
+    stream, spans = _stream()
+    cpu = span_checks(stream, spans)
+    gpu = span_checks(stream.cuda(), spans)
+    assert gpu == cpu
+    assert [i for i, ok in enumerate(cpu[1]) if not ok] == [2, 3, 40]
+    stream[spans[100][0] + 3] ^= 1  # one flipped bit changes exactly that tensor's checksum
+    flipped = span_checks(stream.cuda(), spans)[0]
+    assert [i for i, (a, b) in enumerate(zip(cpu[0], flipped, strict=True)) if a != b] == [100]
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "odd-bytes"])
+def test_equal_pairs_cuda_equals_cpu(offset):
+    g = torch.Generator().manual_seed(1)
+    base = [torch.randn(int(n), generator=g).to(torch.bfloat16) for n in torch.randint(2, 30_000, (300,), generator=g)]
+    left = [t[offset:] for t in base]
+    right = [t.clone() for t in left]
+    for i in range(0, 300, 7):
+        right[i][-1] = right[i][-1] + 1
+    right[5][0] = -0.0 if left[5][0] == 0 else left[5][0]
+    cpu = equal_pairs(left, right).tolist()
+    gpu = equal_pairs([t.cuda() for t in left], [t.cuda() for t in right]).cpu().tolist()
+    assert gpu == cpu
+    assert [i for i, ok in enumerate(cpu) if not ok] == list(range(0, 300, 7))

@@ -1,0 +1,180 @@
+"""The GLM-5.3 / Flash DAPO-math recipes build SkyRL 0.4's real config (strict keys) and pass SkyRL's own
+validation; bad keys, wrong types and broken promises are one line naming the file and the key."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import yaml
+from skyrl.train.config import SkyRLTrainConfig
+from skyrl.train.utils.utils import validate_cfg
+
+from skyrl_glm.cli import main
+from skyrl_glm.plugins import registry
+from skyrl_glm.recipes_cli import dry_run
+from skyrl_glm.skyrl.config import ConfigError, load_config, packaged_recipes, resolved_transport
+
+GLM_RECIPES = {"glm53_dapo_math": "glm-5.3", "glm53_flash_dapo_math_2node": "glm-5.3-flash"}
+
+
+@pytest.fixture(scope="module", params=sorted(GLM_RECIPES))
+def recipe(request):
+    return request.param, load_config(request.param)
+
+
+def test_packaged(recipe):
+    assert {"dapo_math_base", *GLM_RECIPES} <= set(packaged_recipes())
+
+
+def test_recipe_passes_skyrl_validation(recipe):
+    _, cfg = recipe
+    validate_cfg(cfg)  # SkyRL 0.4's own checks: batch sizes vs DP, colocation GPU counts, megatron, LoRA, engines
+
+
+def test_recipe_promises(recipe):
+    name, cfg = recipe
+    t, g, glm = cfg.trainer, cfg.generator, cfg.skyrl_glm
+    assert g.sampling_params.max_generate_length == 8192
+    assert t.max_training_steps == 20
+    assert cfg.environment.env_class == "glm_math"
+    assert t.eval_interval > 0 and t.eval_before_train and t.dump_eval_results
+    assert g.eval_n_samples_per_prompt > 1 and "aime-2024" in cfg.data.val_data[0]
+    assert (t.algorithm.eps_clip_high, t.algorithm.loss_reduction, t.algorithm.use_kl_loss) == (
+        0.28,
+        "token_mean",
+        False,
+    )
+    assert t.algorithm.dynamic_sampling.type == "filter"
+    assert glm.overlong.buffer_len == 4096 and glm.overlong.buffer_len < g.sampling_params.max_generate_length
+    assert glm.sync.mode == "memory" and glm.check.before_training and glm.check.on_failure == "abort"
+    assert t.placement.colocate_all and resolved_transport(cfg) == "ipc"  # in-memory sync over CUDA IPC
+    assert glm.hardware.stated and glm.hardware.gpu == "H200"
+    lora = t.policy.model.lora
+    assert lora.rank == 32 and lora.share_expert_adapters and not t.policy.megatron_config.lora_config.merge_lora
+    # Sampler-safe targets: exactly the model adapter's default policy on the Megatron side, never kv_b_proj.
+    family = registry().model(GLM_RECIPES[name])
+    assert list(lora.target_modules) == family.lora.megatron_targets(family.lora.resolve(sampler="vllm"))
+    assert "linear_kv_up_proj" not in lora.target_modules
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "my_recipe.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_misspelled_key_names_file_and_nearest_key(tmp_path):
+    path = _write(tmp_path, "base: glm53_dapo_math\ntrainer:\n  algorithm:\n    eps_clip_hihg: 0.3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: trainer.algorithm.eps_clip_hihg: unknown key")
+    assert "did you mean trainer.algorithm.eps_clip_high?" in msg
+    assert "\n" not in msg
+
+
+def test_wrong_type_names_file_and_key(tmp_path):
+    path = _write(
+        tmp_path, "base: glm53_flash_dapo_math_2node\ngenerator:\n  sampling_params:\n    max_generate_length: long\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"my_recipe.yaml: generator.sampling_params.max_generate_length: expected an integer"
+    ):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"^command line: skyrl_glm.overlong.buffer_len: expected an integer"):
+        load_config("glm53_dapo_math", ["skyrl_glm.overlong.buffer_len=[1]"])
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["skyrl_glm.hardware.nodes=2"], "needs 32 GPUs (colocated) but the recipe states 2 x 8 = 16"),
+        (
+            ["trainer.policy.model.lora.target_modules=[linear_proj,linear_kv_up_proj]"],
+            "the sampler ignores linear_kv_up_proj (self_attn.kv_b_proj)",
+        ),
+        (["skyrl_glm.overlong.buffer_len=9000"], "skyrl_glm.overlong.buffer_len: 9000 is longer than the response cap"),
+    ],
+)
+def test_broken_promises_refused(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config("glm53_dapo_math", overrides)
+    assert message in str(e.value)
+
+
+def test_dry_run_output_is_accepted_by_skyrl_parser(capsys):
+    assert dry_run("glm53_flash_dapo_math_2node", ["trainer.seed=7"]) == 0
+    out = capsys.readouterr().out
+    config_text, _, tail = out.partition("# hardware:")
+    resolved = yaml.safe_load(config_text)
+    glm = resolved.pop("skyrl_glm")
+    assert glm["overlong"]["buffer_len"] == 4096 and glm["hardware"]["nodes"] == 2
+    # SkyRL's own parser (strict keys) and validation take the SkyRL part unchanged.
+    flat = {}
+
+    def walk(node, prefix=""):
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk(resolved)
+    cfg = SkyRLTrainConfig.from_cli_overrides(flat)
+    validate_cfg(cfg)
+    assert cfg.trainer.seed == 7 and cfg.generator.sampling_params.max_generate_length == 8192
+    assert "ray start --head --port=6379 --num-gpus=8" in tail
+    assert "ray start --address=<head-ip>:6379 --num-gpus=8" in tail
+    assert "skyrl-glm train glm53_flash_dapo_math_2node trainer.seed=7" in tail
+    assert "nothing was started" in tail
+    assert not ray.is_initialized()
+
+
+def test_cli_train_dry_run(capsys):
+    assert main(["train", "glm53_dapo_math", "trainer.seed=3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "skyrl-glm train glm53_dapo_math trainer.seed=3" in out and "nothing was started" in out
+    assert "4 node(s) x 8 H200" in out
+    assert not ray.is_initialized()
+    assert main(["train", "glm53_dapo_math", "trainer.sed=3", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: command line: trainer.sed: unknown key (did you mean trainer.seed?)"
+
+
+def test_cli_validate_show_list(tmp_path, capsys):
+    assert main(["recipes", "validate", "glm53_dapo_math"]) == 0
+    assert "ok glm53_dapo_math" in capsys.readouterr().out
+    own = _write(tmp_path, "base: glm53_dapo_math\ntrainer:\n  policy:\n    model:\n      path: /models/GLM-5.3\n")
+    assert main(["recipes", "validate", own]) == 0
+    assert "/models/GLM-5.3" in capsys.readouterr().out
+    assert main(["recipes", "show", "glm53_flash_dapo_math_2node"]) == 0
+    assert "base: dapo_math_base" in capsys.readouterr().out
+    assert main(["recipes", "list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in GLM_RECIPES)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["recipes", "validate", "no_such_recipe"],
+        ["recipes", "show", "no_such_recipe"],
+        ["recipes", "validate", "glm53_dapo_math", "trainer.algoritm.eps_clip_high=0.3"],
+        ["recipes", "validate", "glm53_dapo_math", "generator.n_samples_per_prompt=many"],
+        ["recipes", "validate", "glm53_dapo_math", "not-a-key-value"],
+    ],
+)
+def test_cli_bad_input_one_line_exit_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_train_refuses_a_target_the_sampler_ignores_before_starting_anything(capsys):
+    from skyrl_glm.train import run_command
+
+    bad = "trainer.policy.model.lora.target_modules=[linear_proj,linear_kv_up_proj]"
+    assert run_command(["glm53_flash_dapo_math_2node", bad]) == 2
+    err = capsys.readouterr().err
+    assert "command line: trainer.policy.model.lora.target_modules: the sampler ignores linear_kv_up_proj" in err
+    assert not ray.is_initialized()

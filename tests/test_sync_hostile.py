@@ -1,0 +1,364 @@
+"""Hostile or broken updates against the receiver, the transports and the publisher (issue 10, sync defects 1, 3-7).
+
+Each case is one rejection with a reason (never another exception type, never a hang); nothing is allocated or
+opened on the say-so of the manifest or the handle; nothing the sender staged outlives a failed send.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import threading
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from skyrl_glm.sync.manifest import Manifest, ManifestError
+from skyrl_glm.sync.plan import build_plan
+from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
+from skyrl_glm.sync.update import UpdateResult
+
+CONFIG = {"r": 4, "lora_alpha": 8}
+
+
+def adapter(rank: int = 4) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    for m in ("q_proj", "o_proj"):
+        out[f"base_model.model.model.layers.0.self_attn.{m}.lora_A.weight"] = torch.randn(rank, 16, generator=g)
+        out[f"base_model.model.model.layers.0.self_attn.{m}.lora_B.weight"] = torch.randn(16, rank, generator=g)
+    return out
+
+
+def plan(version: int = 1, **kw):
+    tensors, config = kw.pop("tensors", adapter()), kw.pop("config", CONFIG)
+    return build_plan(tensors, adapter_config=config, lora_name="p", version=version)
+
+
+def raw(p) -> dict:
+    return json.loads(p.manifest.to_json())
+
+
+def receive(manifest_json, handle=None, tx=None, p=None, receiver=None):
+    """Stage ``p`` (default a valid plan) on shared memory, then receive ``manifest_json`` against it."""
+    p = p or plan()
+    tx = tx or SharedMemoryTransport()
+    real = tx.prepare(p)
+    try:
+        return (receiver or AdapterReceiver()).receive(manifest_json, real if handle is None else handle, tx)
+    finally:
+        tx.release()
+
+
+# ------------------------------------------------------------------------------ 1, 7: strict manifest types
+
+
+def _with(**changes) -> str:
+    d = raw(plan())
+    for k, v in changes.items():
+        d[k] = v
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"version": 2**63}, "outside 0..2\\*\\*63-1"),
+        ({"version": -1}, "outside 0..2\\*\\*63-1"),
+        ({"version": "7"}, "'version' must be an integer, got str"),
+        ({"version": 7.9}, "'version' must be an integer, got float"),
+        ({"version": 7.0}, "'version' must be an integer, got float"),
+        ({"version": True}, "'version' must be an integer, got bool"),
+        ({"total_bytes": "64"}, "'total_bytes' must be an integer"),
+        ({"bucket_bytes": None}, "'bucket_bytes' must be an integer"),
+        ({"lora_name": 5}, "'lora_name' must be a string"),
+        ({"adapter_config": [["r", 4]]}, "'adapter_config' must be an object"),
+        ({"extra": []}, "'extra' must be an object"),
+        ({"tensors": {"a": 1}}, "'tensors' must be a list"),
+        ({"tensors": [1]}, "tensor #0 must be a JSON object"),
+    ],
+)
+def test_manifest_fields_are_not_coerced(changes, reason):
+    with pytest.raises(UpdateRejected, match=reason):
+        receive(_with(**changes))
+
+
+def test_aliases_as_a_list_of_pairs_are_rejected():
+    d = raw(plan())
+    name = d["tensors"][0]["name"]
+    d["aliases"] = [["extra.lora_A.weight", name]]
+    with pytest.raises(UpdateRejected, match="'aliases' must be an object"):
+        receive(json.dumps(d))
+    d["aliases"] = {"extra.lora_A.weight": 0}
+    with pytest.raises(UpdateRejected, match="must map to a string"):
+        receive(json.dumps(d))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("shape", ["4", 16], "list of non-negative integers"),
+        ("shape", [4.0, 16], "list of non-negative integers"),
+        ("shape", [True, 16], "list of non-negative integers"),
+        ("offset", 0.0, "'offset' must be an integer"),
+        ("nbytes", "256", "'nbytes' must be an integer"),
+        ("name", ["x"], "'name' must be a string"),
+        ("checksum", 12, "'checksum' must be a string"),
+        ("checksum", "z" * 32, "not 32 lowercase hex"),
+    ],
+)
+def test_tensor_entry_fields_are_not_coerced(field, value, reason):
+    d = raw(plan())
+    d["tensors"][0][field] = value
+    with pytest.raises(UpdateRejected, match=reason):
+        receive(json.dumps(d))
+
+
+@pytest.mark.parametrize("text", ["[]", "3", '"manifest"', "null", "{", b"{}"])
+def test_non_object_manifest_is_one_rejection(text):
+    with pytest.raises(UpdateRejected, match="must be a JSON object|not valid JSON|must be JSON text"):
+        receive(text)
+
+
+@pytest.mark.parametrize("handle", [[1], "shm", 3, None])
+def test_non_object_handle_is_one_rejection(handle):
+    p = plan()
+    with pytest.raises(UpdateRejected, match="handle must be a JSON object"):
+        AdapterReceiver().receive(p.manifest.to_json(), handle, SharedMemoryTransport())
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        ({"r": "4", "lora_alpha": "4"}, "r='4' is not a positive integer"),
+        ({"r": True, "lora_alpha": True}, "r=True is not a positive integer"),
+        ({"r": 0, "lora_alpha": 0}, "r=0 is not a positive integer"),
+        ({"r": 4, "lora_alpha": True}, "lora_alpha=True != r=4"),
+        ({"r": 4, "lora_alpha": 4, "rank_pattern": {"q_proj": 8}}, "rank_pattern is not supported"),
+    ],
+)
+def test_adapter_config_types(config, reason):
+    d = raw(plan())
+    d["adapter_config"] = config
+    with pytest.raises(UpdateRejected, match=reason):
+        receive(json.dumps(d))
+
+
+def test_lora_r_is_checked_against_the_tensors_rank():
+    """The config says r=8 (alpha folded to 8) while the tensors have rank 4: rejected before any transfer."""
+    d = raw(plan())
+    d["adapter_config"] = {"r": 8, "lora_alpha": 8}
+    with pytest.raises(UpdateRejected, match="rank r=8"):
+        receive(json.dumps(d))
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [((2, 4, 16), (2, 16, 3)), ((2, 3, 16), (2, 16, 4)), ((4,), (16, 4)), ((4, 16), (4,))],
+    ids=["3d-B", "3d-A", "1d-A", "1d-B"],
+)
+def test_rank_is_checked_for_any_number_of_dims(a_shape, b_shape):
+    tensors = {
+        "m.layers.0.mlp.experts.gate_proj.lora_A.weight": torch.randn(a_shape),
+        "m.layers.0.mlp.experts.gate_proj.lora_B.weight": torch.randn(b_shape),
+    }
+    with pytest.raises(UpdateRejected, match="shape mismatch"):
+        receive(plan(tensors=tensors).manifest.to_json(), p=plan(tensors=tensors))
+
+
+def test_three_dim_tensors_of_the_right_rank_pass():
+    tensors = {
+        "m.layers.0.mlp.experts.gate_proj.lora_A.weight": torch.randn(2, 4, 16),
+        "m.layers.0.mlp.experts.gate_proj.lora_B.weight": torch.randn(2, 16, 4),
+    }
+    p = plan(tensors=tensors)
+    got = receive(p.manifest.to_json(), p=p).tensors
+    assert got["m.layers.0.mlp.experts.gate_proj.lora_A.weight"].shape == (2, 4, 16)
+
+
+# ------------------------------------------------------------------------------------------- 5: empty adapter
+
+
+def test_an_adapter_with_no_tensors_is_rejected():
+    d = raw(plan())
+    d["tensors"], d["aliases"], d["total_bytes"] = [], {}, 0
+    with pytest.raises(UpdateRejected, match="empty adapter"):
+        receive(json.dumps(d))
+
+
+def test_worker_staging_failure_is_a_rejection(monkeypatch):
+    """The worker extension returns a rejection (never raises) when staging the verified adapter fails."""
+    from skyrl_glm.sync.vllm import worker as vllm_worker
+
+    def boom(*a, **k):
+        raise ValueError("no room")
+
+    monkeypatch.setattr(vllm_worker, "stage_in_memory_adapter", boom)
+    p = plan()
+    tx = SharedMemoryTransport()
+    handle = tx.prepare(p)
+    try:
+        answer = vllm_worker.LoraSyncWorkerExtension().skyrl_glm_receive(p.manifest.to_json(), handle, "cpu")
+    finally:
+        tx.release()
+    assert answer == {"ok": False, "reason": "ValueError: no room"}
+
+
+# ------------------------------------------------------------------------ 3: no allocation before validation
+
+
+def test_staging_is_not_allocated_from_an_unvalidated_total_bytes(monkeypatch):
+    """A manifest claiming 20 GB (consistent in itself: the tensors fit) against a segment of a few hundred
+    bytes: rejected, and no buffer of the claimed size is ever asked for."""
+    claim = 20 * 10**9
+    d = raw(plan())
+    d["total_bytes"] = claim
+    asked: list[int] = []
+    real_empty = torch.empty
+
+    def spy(*size, **kw):
+        n = size[0] if size and isinstance(size[0], int) else 0
+        asked.append(n)
+        return real_empty(*size, **kw)
+
+    monkeypatch.setattr(torch, "empty", spy)
+    with pytest.raises(UpdateRejected, match=f"claims {claim} bytes, the transport holds"):
+        receive(json.dumps(d))
+    assert claim not in asked
+
+
+# ------------------------------------------------------------------------- 4: the shm handle is confined
+
+
+def _rejects_quickly(handle: dict, match: str) -> None:
+    p = plan()
+    errors: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            AdapterReceiver().receive(p.manifest.to_json(), handle, SharedMemoryTransport())
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            errors.append(e)
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), f"receiver blocked on handle {handle}"
+    assert len(errors) == 1 and isinstance(errors[0], UpdateRejected), errors
+    assert match in errors[0].reason, errors[0].reason
+
+
+@pytest.mark.parametrize(
+    "name", ["/etc/hostname", "../../etc/hostname", "psm_12345678", "skyrl_glm_" + "0" * 31, 7, None]
+)
+def test_shm_handle_accepts_only_this_transports_segment_names(name):
+    _rejects_quickly({"shm_name": name}, "names no segment of this transport")
+
+
+def test_shm_handle_naming_a_fifo_or_a_link_does_not_block():
+    fifo = f"skyrl_glm_{secrets.token_hex(16)}"
+    link = f"skyrl_glm_{secrets.token_hex(16)}"
+    os.mkfifo(f"/dev/shm/{fifo}")
+    os.symlink("/etc/hostname", f"/dev/shm/{link}")
+    try:
+        _rejects_quickly({"shm_name": fifo}, "is not a shared-memory segment")
+        _rejects_quickly({"shm_name": link}, "unreadable")
+    finally:
+        os.unlink(f"/dev/shm/{fifo}")
+        os.unlink(f"/dev/shm/{link}")
+
+
+# ---------------------------------------------------------------------- 6: nothing staged outlives a failure
+
+
+@pytest.fixture
+def created(monkeypatch) -> list[str]:
+    """Paths of every shared-memory segment the transport creates during the test."""
+    paths: list[str] = []
+    real = SharedMemoryTransport.staging
+
+    def recording(self, nbytes, device):
+        buf = real(self, nbytes, device)
+        paths.append(f"/dev/shm/{self._segment[0]}")
+        return buf
+
+    monkeypatch.setattr(SharedMemoryTransport, "staging", recording)
+    return paths
+
+
+def test_publisher_releases_the_segment_when_the_sampler_raises(created):
+    from skyrl_glm.sync.publisher import InMemoryPublisher
+
+    class Crashing:
+        def apply_update(self, manifest_json: str, handle: dict, transport: str) -> UpdateResult:
+            assert os.path.exists(created[0])
+            raise RuntimeError("engine died")
+
+    publisher = InMemoryPublisher(Crashing(), SharedMemoryTransport())
+    with pytest.raises(RuntimeError, match="engine died"):
+        publisher.publish(adapter(), CONFIG, 1)
+    assert len(created) == 1 and not os.path.exists(created[0])
+
+
+def test_half_done_prepare_leaves_no_segment(created):
+    p = plan()  # packed in its own buffer: prepare copies it into a fresh segment, and that copy fails
+    p.buffer = torch.empty(p.manifest.total_bytes, dtype=torch.uint8, device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        SharedMemoryTransport().prepare(p)
+    assert len(created) == 1 and not os.path.exists(created[0])
+
+
+# ------------------------------------------------------ collective: a rejecting receiver releases the sender
+
+
+def _collective_proc(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from skyrl_glm.sync.transports.collective import CollectiveTransport
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tx = CollectiveTransport()
+    p = plan(version=5)
+    try:
+        if rank == 0:
+            tx.stream(p)  # returns once the receiver declined: no bucket is broadcast
+            tx.stream(p)  # the second update is accepted
+            result = "sender done"
+        else:
+            rx = AdapterReceiver()
+            rx.commit(5)
+            try:
+                rx.receive(p.manifest.to_json(), tx.prepare(p), tx)
+                result = "accepted an old version"
+            except UpdateRejected as e:
+                result = e.reason
+            d = raw(p)
+            d["version"] = 6
+            got = rx.receive(json.dumps(d), tx.prepare(p), tx)
+            ok = all(torch.equal(got.tensors[e.name], t) for e, t in zip(p.manifest.tensors, p.tensors, strict=True))
+            result += f" | second ok={ok}"
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_collective_receiver_that_rejects_releases_the_sender(tmp_path):
+    from skyrl_glm.bench.procs import free_port
+
+    out = str(tmp_path / "r")
+    mp.spawn(_collective_proc, args=(free_port(), out), nprocs=2, join=True)
+    assert open(f"{out}.0").read() == "sender done"
+    assert open(f"{out}.1").read() == "version 5 is not newer than the serving version 5 | second ok=True"
+
+
+def test_manifest_error_for_a_bad_dataclass_value():
+    """validate() also guards manifests built in code (the sender's own plan)."""
+    m = plan().manifest
+    with pytest.raises(ManifestError, match="version 18446744073709551616"):
+        dataclasses.replace(m, version=2**64).validate()
+    assert Manifest.from_json(m.to_json()) == m
