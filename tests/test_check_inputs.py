@@ -126,3 +126,12 @@ def test_quiet_by_default_verbose_lets_vllm_talk():
         os.environ.update(saved_env)
         for n, level in saved_levels.items():
             logging.getLogger(n).setLevel(level)
+
+
+def test_any_rank_up_to_512_gets_an_engine_rank_vllm_accepts():
+    """vLLM takes max_lora_rank only from {1, 8, 16, 32, ...}: --rank 4 used to fail inside the engine start."""
+    from skyrl_glm.check.scorers import _engine_lora_rank
+
+    assert [_engine_lora_rank(r) for r in (1, 4, 8, 9, 320, 512)] == [1, 8, 8, 16, 320, 512]
+    with pytest.raises(UsageError, match="513"):
+        _engine_lora_rank(513)
