@@ -45,9 +45,26 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     weights = sorted(directory.glob("*.safetensors"))
     if not weights:
         raise UsageError(f"{directory}: no *.safetensors weights")
+    _check_index(directory)
     for file in weights:
         check_safetensors(file)
     return config
+
+
+def _check_index(directory: Path) -> None:
+    """A sharded checkpoint's index names only shards that are there."""
+    index = directory / "model.safetensors.index.json"
+    if not index.is_file():
+        return
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise UsageError(f"{index}: not a JSON object ({e})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise UsageError(f"{index}: no weight_map of tensor name -> file")
+    missing = sorted({f for f in weight_map.values() if not (directory / f).is_file()})
+    if missing:
+        raise UsageError(f"{index}: names shards that are missing: {', '.join(missing)}")
 
 
 def vocab_size(config: dict[str, Any], where: str | Path) -> int:

@@ -126,3 +126,27 @@ def test_quiet_by_default_verbose_lets_vllm_talk():
         os.environ.update(saved_env)
         for n, level in saved_levels.items():
             logging.getLogger(n).setLevel(level)
+
+
+def test_any_rank_up_to_512_gets_an_engine_rank_vllm_accepts():
+    """vLLM takes max_lora_rank only from {1, 8, 16, 32, ...}: --rank 4 used to fail inside the engine start."""
+    from skyrl_glm.check.scorers import _engine_lora_rank
+
+    assert [_engine_lora_rank(r) for r in (1, 4, 8, 9, 320, 512)] == [1, 8, 8, 16, 320, 512]
+    with pytest.raises(UsageError, match="513"):
+        _engine_lora_rank(513)
+
+
+def test_a_sharded_checkpoint_missing_a_shard_is_refused(glm45_dir, tmp_path):
+    import shutil
+
+    from skyrl_glm.checkpoint import read_config
+
+    ckpt = shutil.copytree(glm45_dir, tmp_path / "ckpt")
+    index = {"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(UsageError, match="model-00002-of-00002.safetensors"):
+        read_config(ckpt)
+    (ckpt / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(UsageError, match="not a JSON object"):
+        read_config(ckpt)
