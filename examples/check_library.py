@@ -14,7 +14,7 @@ from skyrl_glm.check.scorers import hf_trainer, vllm_sampler
 from skyrl_glm.models.tiny import make_tiny
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.publisher import InMemoryPublisher
-from skyrl_glm.sync.transports import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 
 def main() -> None:

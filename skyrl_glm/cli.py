@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+
+# Exit order: vLLM stops its engine processes from weakref.finalize callbacks, and multiprocessing's atexit hook
+# joins child processes. atexit runs the last-registered hook first, so multiprocessing's must be registered before
+# the first finalize (a tempfile.TemporaryDirectory, vLLM) or exit waits forever on the engine. Importing torch did
+# this as a side effect; the parser no longer imports torch, so do it here (10 ms).
+import multiprocessing.util  # noqa: F401
 import sys
 from collections.abc import Sequence
 
@@ -37,7 +43,7 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
     from skyrl_glm.lora.sizes import family_sizes, print_sizes_table
 
     family = registry().model(args.model)
-    targets = [t.strip() for t in args.lora_targets.split(",")] if args.lora_targets else None
+    targets = None if args.lora_targets is None else [t for t in args.lora_targets.split(",") if t.strip()]
     rows = [family_sizes(family, full=not args.tiny, rank=args.rank, targets=targets)]
     print_sizes_table(rows, console)
     return 0
@@ -52,16 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     tiny = sub.add_parser("tiny", help="tiny random-weight checkpoints").add_subparsers(dest="tiny_cmd", required=True)
     make = tiny.add_parser("make", help="write a tiny checkpoint + tokenizer for a registered model family")
-    make.add_argument("model")
+    make.add_argument("model", choices=sorted(registry().models))
     make.add_argument("outdir")
     make.add_argument("--seed", type=int, default=0)
     make.set_defaults(func=_cmd_tiny_make)
 
     sizes = sub.add_parser("sizes", help="public vs unique adapter tensors and bytes, from config shapes only")
-    sizes.add_argument("model", nargs="?", default="glm-5.3")
+    sizes.add_argument("model", nargs="?", default="glm-5.3", choices=sorted(registry().models))
     sizes.add_argument("--rank", type=int, default=32)
     sizes.add_argument("--tiny", action="store_true", help="the tiny config instead of the full one")
-    sizes.add_argument("--lora-targets", help="comma-separated HF target names (default: the policy's)")
+    sizes.add_argument(
+        "--lora-targets",
+        help="LoRA targets, comma-separated: qualified, PEFT short (q_a_proj) or Megatron (linear_fc1)",
+    )
     sizes.set_defaults(func=_cmd_sizes)
 
     for module in _command_modules():

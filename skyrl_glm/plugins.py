@@ -1,20 +1,27 @@
 """The plugin contract (pluggy hookspecs) and the registry built from the ``skyrl_glm`` entry points.
 
-Everything skyrl-glm knows about models, transports and check scorers arrives through these hooks,
-the built-in GLM support included: a third-party package adds a model family by shipping a module
-with ``@hookimpl`` functions and naming it in its own ``skyrl_glm`` entry-point group.
+Everything skyrl-glm knows about models, transports, trainers and samplers arrives through these hooks, the
+built-in GLM support included: a third-party package adds a model family by shipping a module with
+``@hookimpl`` functions and naming it in its own ``skyrl_glm`` entry-point group.
+
+Loading the registry must stay cheap (``skyrl-glm --help``, ``models`` and the pytest plugin read it): a hook
+returns records and *references*, never imports torch, vLLM or SkyRL itself. A reference is either the object
+or a ``"package.module:attribute"`` string, imported the first time the registry hands it out.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+import importlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:
+    from skyrl_glm.check.algorithm import SamplerScorer, TrainerScorer
     from skyrl_glm.models.base import ModelFamily
     from skyrl_glm.sync.transports.base import Transport
 
@@ -22,32 +29,81 @@ PROJECT = "skyrl_glm"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
+# An object, or "package.module:attribute" naming it (imported on first use).
+Ref = Any
+
+
+class TrainerFactory(Protocol):
+    """Builds the check's trainer side for one checkpoint (see :class:`~skyrl_glm.check.algorithm.TrainerScorer`)."""
+
+    def __call__(
+        self, model_dir: Path, *, family: ModelFamily, targets: Sequence[str], rank: int, alpha: int, device: str
+    ) -> TrainerScorer: ...
+
+
+class SamplerFactory(Protocol):
+    """Builds the check's sampler side for one checkpoint (see :class:`~skyrl_glm.check.algorithm.SamplerScorer`).
+    ``allow_unsupported``: serve LoRA targets the sampler is known to ignore (to prove the check catches them)."""
+
+    def __call__(
+        self,
+        model_dir: Path,
+        *,
+        family: ModelFamily,
+        targets: Sequence[str],
+        rank: int,
+        device: str,
+        allow_unsupported: bool,
+    ) -> SamplerScorer: ...
+
 
 class Hookspecs:
-    """What a plugin may contribute. Each hook returns a list; the registry merges them by name."""
+    """What a plugin may contribute. Every hook is called once, with no arguments, the first time a process asks
+    for the registry (:func:`registry`), after all ``skyrl_glm`` entry points are loaded. Each returns a list; the
+    lists of all plugins are concatenated and merged by name, and one name registered twice with different values
+    is an error (:class:`RegistryError`), so no plugin silently shadows another."""
 
     @hookspec
     def skyrl_glm_model_families(self) -> list[ModelFamily]:
-        """Model adapters: config facts, LoRA target policy, name rules, tiny-checkpoint factory."""
+        """Model adapters (:class:`~skyrl_glm.models.base.ModelFamily`), keyed by ``family.name``: config facts,
+        LoRA target records, full and tiny configs, sampler serving settings. Build them without torch."""
 
     @hookspec
-    def skyrl_glm_transports(self) -> list[tuple[str, type[Transport]]]:
-        """Sync transports as ``(name, class)``: how unique adapter tensors move trainer -> sampler."""
+    def skyrl_glm_transports(self) -> list[tuple[str, Ref]]:
+        """Sync transports as ``(name, Transport subclass or "module:Class")``: how unique adapter bytes move
+        trainer -> sampler. The name is what ``--transport`` and the worker-side receive take."""
 
     @hookspec
-    def skyrl_glm_scorers(self) -> list[tuple[str, Callable[..., Any]]]:
-        """Handoff-check scorers as ``(name, factory)``; names are ``trainer:<x>`` or ``sampler:<x>``."""
+    def skyrl_glm_trainers(self) -> list[tuple[str, Ref]]:
+        """Handoff-check trainers as ``(name, factory or "module:factory")``; a factory is a :class:`TrainerFactory`.
+        The name is what ``skyrl-glm check --trainer`` takes."""
+
+    @hookspec
+    def skyrl_glm_samplers(self) -> list[tuple[str, Ref]]:
+        """Handoff-check samplers as ``(name, factory or "module:factory")``; a factory is a :class:`SamplerFactory`.
+        The name is what ``skyrl-glm check --sampler`` takes."""
 
 
 class RegistryError(LookupError):
-    """A name is unknown, or two plugins registered the same name."""
+    """A name is unknown, two plugins registered the same name, or a plugin implements a hook that does not exist."""
+
+
+def load_ref(ref: Ref) -> Any:
+    """The object a reference names (a non-string reference is the object itself)."""
+    if not isinstance(ref, str):
+        return ref
+    module, sep, attr = ref.partition(":")
+    if not sep:
+        raise RegistryError(f"reference {ref!r} is not 'package.module:attribute'")
+    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass(frozen=True)
 class Registry:
     models: dict[str, ModelFamily]
-    transports: dict[str, type[Transport]]
-    scorers: dict[str, Callable[..., Any]]
+    transports: dict[str, Ref]
+    trainers: dict[str, Ref]
+    samplers: dict[str, Ref]
 
     def model(self, name: str) -> ModelFamily:
         return _lookup(self.models, name, "model family")
@@ -63,10 +119,13 @@ class Registry:
         )
 
     def transport(self, name: str) -> type[Transport]:
-        return _lookup(self.transports, name, "transport")
+        return load_ref(_lookup(self.transports, name, "transport"))
 
-    def scorer(self, name: str) -> Callable[..., Any]:
-        return _lookup(self.scorers, name, "scorer")
+    def trainer(self, name: str) -> TrainerFactory:
+        return load_ref(_lookup(self.trainers, name, "trainer"))
+
+    def sampler(self, name: str) -> SamplerFactory:
+        return load_ref(_lookup(self.samplers, name, "sampler"))
 
 
 def _lookup[T](table: dict[str, T], name: str, what: str) -> T:
@@ -80,19 +139,24 @@ def _merge[T](results: Iterable[list[tuple[str, T]]], what: str) -> dict[str, T]
     merged: dict[str, T] = {}
     for items in results:
         for name, value in items:
-            if name in merged and merged[name] is not value:
+            if name in merged and merged[name] != value:
                 raise RegistryError(f"two plugins register the {what} {name!r}")
             merged[name] = value
     return merged
 
 
 def plugin_manager(extra_plugins: Iterable[object] = ()) -> pluggy.PluginManager:
-    """A manager with the hookspecs and every ``skyrl_glm`` entry point loaded (plus ``extra_plugins``)."""
+    """A manager with the hookspecs and every ``skyrl_glm`` entry point loaded (plus ``extra_plugins``).
+    A ``skyrl_glm_*`` hookimpl that matches no hookspec (a misspelled hook) is a :class:`RegistryError`."""
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(Hookspecs)
     pm.load_setuptools_entrypoints(PROJECT)
     for plugin in extra_plugins:
         pm.register(plugin)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        raise RegistryError(f"plugin {e.plugin!r} implements an unknown hook: {e}") from None
     return pm
 
 
@@ -102,7 +166,8 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
     return Registry(
         models=models,
         transports=_merge(hook.skyrl_glm_transports(), "transport"),
-        scorers=_merge(hook.skyrl_glm_scorers(), "scorer"),
+        trainers=_merge(hook.skyrl_glm_trainers(), "trainer"),
+        samplers=_merge(hook.skyrl_glm_samplers(), "sampler"),
     )
 
 

@@ -101,3 +101,29 @@ def test_store_channel_carries_a_full_size_manifest():
     assert len(value) > 8 << 20
     chan.put("m", value)
     assert chan.get("m") == value
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--model", "glm-4.5", "--config", "full"],
+            "--config full: model family 'glm-4.5' has no full config (use --config tiny)",
+        ),
+        (["--rank", "0"], "--rank must be >= 1, got 0"),
+        (["--json", "{file}/report.json"], "--json {file}/report.json: {file} is not a directory"),
+        (["--plot", "/"], "--plot /: is a directory"),
+    ],
+    ids=["no-full-config", "rank-0", "unwritable-json", "plot-is-a-dir"],
+)
+def test_bad_arguments_are_refused_before_the_run(extra, message, capsys, monkeypatch, tmp_path):
+    import skyrl_glm.bench.run as run
+
+    file = tmp_path / "a-file"
+    file.write_text("")
+    extra, message = [a.format(file=file) for a in extra], message.format(file=file)
+    monkeypatch.setattr(run, "run_sync_bench", lambda opts: pytest.fail("the run started"))
+    args = _parser().parse_args(["bench", "sync", *extra])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"skyrl-glm bench sync: error: {message}\n"

@@ -13,7 +13,7 @@ from skyrl_glm.check.algorithm import CheckConfig, run_check
 from skyrl_glm.check.faults import EXPECTED_FAILURE, FaultNotApplicable, inject
 from skyrl_glm.check.probes import make_probes
 from skyrl_glm.sync.publisher import DiskPublisher, InMemoryPublisher
-from skyrl_glm.sync.transports import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 pytestmark = [pytest.mark.vllm]
 PROBES = make_probes(512)

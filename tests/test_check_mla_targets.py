@@ -13,7 +13,7 @@ from skyrl_glm.check.probes import make_probes
 from skyrl_glm.check.scorers import hf_trainer, vllm_sampler
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.publisher import InMemoryPublisher
-from skyrl_glm.sync.transports import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 FAMILY = registry().model("glm-5.3")

@@ -20,7 +20,22 @@ def test_builtin_support_arrives_through_the_entry_point():
     assert {"glm-5.3", "glm-5.3-flash", "glm-4.5"} <= set(reg.models)
     assert reg.model_for_type("glm_moe_dsa").name == "glm-5.3"
     assert {"cpu", "nccl", "ipc"} <= set(reg.transports)
-    assert {"trainer:hf", "sampler:vllm"} <= set(reg.scorers)
+    assert "hf" in reg.trainers and "vllm" in reg.samplers
+    from skyrl_glm.sync.transports.shm import SharedMemoryTransport
+
+    assert reg.transport("cpu") is SharedMemoryTransport  # registered by reference, imported on first use
+
+
+def test_a_misspelled_hook_is_an_error():
+    from skyrl_glm.plugins import RegistryError, hookimpl
+
+    class Typo:
+        @hookimpl
+        def skyrl_glm_transport(self):  # the hook is skyrl_glm_transports
+            return []
+
+    with pytest.raises(RegistryError, match="skyrl_glm_transport"):
+        plugin_manager([Typo()])
 
 
 def test_a_third_party_package_adds_a_model_family(tmp_path, monkeypatch):
@@ -48,6 +63,132 @@ def test_a_third_party_package_adds_a_model_family(tmp_path, monkeypatch):
     assert "glm-5.3" in reg.models  # the built-ins are still there
     with pytest.raises(LookupError, match="acme-glm"):
         registry().model("acme-glm")  # the cached process registry predates the install
+
+
+ACME = """
+import torch
+
+from skyrl_glm.models.base import LoraPolicy, ModelFamily
+from skyrl_glm.models.glm4 import tiny_config
+from skyrl_glm.models.targets import gqa_attention, moe_mlp
+from skyrl_glm.plugins import hookimpl, registry
+from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
+from skyrl_glm.sync.update import UpdateResult
+
+V, R, ALPHA = 512, 8, 16
+A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+B = A.replace("lora_A", "lora_B")
+
+
+def logprobs(adapter, scale, sequences):
+    # A toy bigram model whose next-token logits move with the LoRA delta B @ A (one column per previous token).
+    base = torch.randn(V, V, generator=torch.Generator().manual_seed(0))
+    logits = base + scale * (adapter[B].float() @ adapter[A].float()).T
+    table = torch.log_softmax(logits, dim=-1)
+    return [[float(table[p, t]) for p, t in zip(s[:-1], s[1:])] for s in sequences]
+
+
+class ToyTrainer:
+    def __init__(self):
+        self.tensors = {A: torch.randn(R, V, generator=torch.Generator().manual_seed(1)), B: torch.zeros(V, R)}
+        self.lora_config = {"peft_type": "LORA", "r": R, "lora_alpha": ALPHA, "target_modules": ["q_proj"]}
+
+    def adapter(self):
+        return dict(self.tensors)
+
+    def score(self, sequences):
+        return logprobs(self.tensors, ALPHA / R, sequences)
+
+    def perturb_lora_b(self, scale, seed=0):
+        self.tensors[B] = self.tensors[B] + scale * torch.randn(V, R, generator=torch.Generator().manual_seed(seed))
+        return 1
+
+
+class ToySampler:
+    def __init__(self):
+        self.rx, self.adapter, self.scale = AdapterReceiver(), None, 1.0
+
+    def apply_update(self, manifest_json, handle, transport):
+        try:
+            got = self.rx.receive(manifest_json, handle, registry().transport(transport)())
+        except UpdateRejected as e:
+            return UpdateResult(False, None, e.reason)
+        self.rx.commit(got.version)
+        self.adapter = got.tensors
+        self.scale = got.adapter_config["lora_alpha"] / got.adapter_config["r"]
+        return UpdateResult(True, got.version)
+
+    def score(self, sequences):
+        return logprobs(self.adapter, self.scale, sequences)
+
+    def generate(self, prompts, max_tokens):
+        return [
+            (toks, logprobs(self.adapter, self.scale, [p + toks])[0][-len(toks):])
+            for p, toks in ((p, self._greedy(p, max_tokens)) for p in prompts)
+        ]
+
+    def _greedy(self, prompt, max_tokens):
+        base = torch.randn(V, V, generator=torch.Generator().manual_seed(0))
+        table = base + self.scale * (self.adapter[B].float() @ self.adapter[A].float()).T
+        seq = list(prompt)
+        for _ in range(max_tokens):
+            seq.append(int(table[seq[-1]].argmax()))
+        return seq[len(prompt):]
+
+
+@hookimpl
+def skyrl_glm_model_families():
+    return [ModelFamily(name="acme-glm", hf_model_type="acme_moe", summary="third party", facts={},
+                        lora=LoraPolicy(targets=tuple(gqa_attention() + moe_mlp())), tiny_config=tiny_config,
+                        full_config=tiny_config, vllm_cpu_dtype="float32")]
+
+
+@hookimpl
+def skyrl_glm_trainers():
+    return [("acme-toy", lambda model_dir, **kw: ToyTrainer())]
+
+
+@hookimpl
+def skyrl_glm_samplers():
+    return [("acme-toy", lambda model_dir, **kw: ToySampler())]
+"""
+
+
+def test_an_entry_point_plugin_reaches_sizes_bench_and_the_check(tmp_path):
+    """Installed like any third-party package, a family (plus a toy trainer and sampler, standing in for engines
+    too slow to start here) is usable by name in every command: the check runs its five steps through the real
+    plan -> shared-memory transport -> receiver path on that family's tiny checkpoint."""
+    (tmp_path / "acme_glm.py").write_text(ACME)
+    dist = tmp_path / "acme_glm-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-glm\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[skyrl_glm]\nacme = acme_glm\n")
+    import json
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+    def run(*args: str, expect: int = 0) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "skyrl_glm.cli", *args], capture_output=True, text=True, env=env, cwd=tmp_path
+        )
+        assert out.returncode == expect, out.stdout + out.stderr
+        return out.stdout
+
+    assert "acme-glm" in run("models")
+    assert "acme-glm (full)" in run("sizes", "acme-glm", "--rank", "4")
+    report = tmp_path / "bench.json"
+    run("bench", "sync", "--model", "acme-glm", "--rank", "4", "--warmup", "0", "--no-disk", "--json", str(report))
+    bench = json.loads(report.read_text())
+    assert bench["adapter"]["model"] == "acme-glm" and bench["paths"]["ours"]["bit_exact"]
+    check = tmp_path / "check.json"
+    toy = ["check", "--model", "acme-glm", "--trainer", "acme-toy", "--sampler", "acme-toy"]
+    run(*toy, "--json", str(check))
+    steps = json.loads(check.read_text())
+    assert steps["verdict"] == "PASS" and steps["info"]["model"] == "acme-glm", steps
+    run(*toy, "--fault", "no-publish", "--json", str(check), expect=1)  # fails when the handoff is skipped
+    failed = [st["step"] for st in json.loads(check.read_text())["steps"] if not st["passed"]]
+    assert failed == [5], failed
 
 
 def test_duplicate_names_are_refused():

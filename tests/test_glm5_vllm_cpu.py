@@ -16,7 +16,7 @@ import torch
 
 from skyrl_glm.models import glm5
 from skyrl_glm.models.glm5_vllm_cpu import DenseMlaUnsafe, as_dense_mla_config, cpu_sampler_overrides
-from skyrl_glm.models.vllm_targets import vllm_engine_kwargs, vllm_lora_target_modules
+from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
 
 RANK = 8
 BASE_MAX, BASE_MEAN = 0.02, 0.005
@@ -84,7 +84,7 @@ def test_engine_kwargs(tmp_path):
         vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=["mlp.experts.gate_up_proj"], device="cpu")
     gpu = vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=glm5.FAMILY.lora.resolve(sampler="vllm"), device="cuda")
     assert "hf_overrides" not in gpu and "experts" in gpu["lora_target_modules"]
-    assert vllm_lora_target_modules(["self_attn.kv_b_proj"]) == ["kv_b_proj"]
+    assert glm5.FAMILY.lora.vllm_modules(["self_attn.kv_b_proj"]) == ["kv_b_proj"]
 
 
 @pytest.fixture(scope="module")

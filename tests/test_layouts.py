@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
+import lora_layouts as L
 import pytest
 import torch
 
-from skyrl_glm.lora import layouts as L
 from skyrl_glm.lora.bridge import bridge_export_specs, synthetic_bridge_export
 from skyrl_glm.models import glm5
 

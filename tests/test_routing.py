@@ -19,12 +19,12 @@ from skyrl_glm.bench.routing_run import (
     full_reference,
     run_routed_sync,
 )
+from skyrl_glm.bench.verify import bytes_equal
 from skyrl_glm.lora.bridge import adapter_config
 from skyrl_glm.sync.manifest import Manifest
 from skyrl_glm.sync.plan import SyncPlan, build_plan, pack_into
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.routing.plan import (
-    TARGET_STYLE,
     ReceiverLayout,
     RoutingError,
     Slice,
@@ -38,6 +38,7 @@ from skyrl_glm.sync.routing.plan import (
     replicated,
     row_parallel,
     split,
+    target_styles,
 )
 from skyrl_glm.sync.routing.transport import piece_checksums, route_label
 from skyrl_glm.sync.transports.base import Transport
@@ -102,13 +103,13 @@ def test_unknown_and_fused_3d_names_are_refused():
 
 
 def test_every_family_target_has_a_sharding_rule():
-    """Driven by the families' target lists (skyrl_glm/models/targets.py): a new target needs a rule here."""
+    """Driven by the families' target records (skyrl_glm/models/targets.py): each carries its TP style."""
     from skyrl_glm.plugins import registry
 
     reg = registry()
     for fam in ("glm-5.3", "glm-5.3-flash", "glm-4.5"):
         for t in reg.model(fam).lora.targets:
-            assert t.hf in TARGET_STYLE, (fam, t.hf)
+            assert t.tp_style is not None and target_styles()[t.hf] == t.tp_style, (fam, t.hf)
 
 
 def test_receiver_expert_parallel_places_each_expert_whole_on_its_block_owner():
@@ -241,14 +242,6 @@ def _pack(plan, sender_plans) -> tuple[dict, dict]:
     return packed, sums
 
 
-def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-    )
-
-
 @pytest.mark.parametrize("layout", [ReceiverLayout(4), ReceiverLayout(4, True, 16)], ids=["tp4", "tp4_ep"])
 def test_loopback_every_receiver_rebuilds_exactly_its_slices(sender_plans, layout):
     plan = plan_routes([p.manifest for p in sender_plans], layout)
@@ -262,7 +255,7 @@ def test_loopback_every_receiver_rebuilds_exactly_its_slices(sender_plans, layou
         got = AdapterReceiver().receive(manifest.to_json(), handle, transport)
         expected = expected_slices(full, layout, r)
         assert set(got.tensors) == set(expected)
-        assert all(_bytes_equal(got.tensors[n], t) for n, t in expected.items())
+        assert all(bytes_equal(got.tensors[n], t) for n, t in expected.items())
         assert set(transport.delivered.values()) == {1}  # each route once
 
 
@@ -306,7 +299,7 @@ def test_alias_across_sharding_rules_ships_whole_and_slice():
         got = AdapterReceiver().receive(manifest.to_json(), handle, Loopback(packed))
         expected = expected_slices(adapter, layout, r)
         assert set(got.tensors) == set(expected)
-        assert all(_bytes_equal(got.tensors[n], t) for n, t in expected.items())
+        assert all(bytes_equal(got.tensors[n], t) for n, t in expected.items())
         assert got.tensors[b].shape == (16, 8) and got.tensors[
             "model.layers.0.self_attn.o_proj.lora_B.weight"
         ].shape == (

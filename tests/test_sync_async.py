@@ -16,7 +16,7 @@ import torch
 
 from skyrl_glm.check.probes import make_probes
 from skyrl_glm.sync.publisher import InMemoryPublisher
-from skyrl_glm.sync.transports import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 from skyrl_glm.sync.vllm.engine import greedy_params
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -10,7 +10,7 @@ import torch
 from skyrl_glm.sync.manifest import Manifest, ManifestError
 from skyrl_glm.sync.plan import build_plan, deduplicate, expert_group
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
-from skyrl_glm.sync.transports import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 CONFIG = {"r": 4, "lora_alpha": 8, "target_modules": {"experts", "q_proj"}}
 

@@ -10,7 +10,7 @@ import torch
 
 from skyrl_glm.check.probes import make_probes
 from skyrl_glm.sync.publisher import InMemoryPublisher
-from skyrl_glm.sync.transports import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 pytestmark = [pytest.mark.vllm]
 SEQS = make_probes(512, num=3, length=24, seed=7).sequences

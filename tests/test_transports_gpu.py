@@ -30,7 +30,7 @@ SIZES = {
 
 def _check(result: dict, opts: BenchOptions) -> None:
     assert result["names_ok"], result
-    assert result["compared"] == result["public_names"] == result["received_names"], result
+    assert result["expected_names"] == result["received_names"] > 0, result
     assert result["mismatched"] == [], result
     assert result["bit_exact"], result
 

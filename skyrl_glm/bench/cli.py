@@ -22,37 +22,43 @@ synthetic adapter): the ``load`` stage is reported as skipped with the reason.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
+
+from skyrl_glm.paths import output_path_error
+from skyrl_glm.plugins import registry
 
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
 
 
+def argument_error(args: argparse.Namespace) -> str | None:
+    """The first problem with the arguments, found before any work (or None)."""
+    for flag, value, least in (("--rank", args.rank, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            return f"{flag} must be >= {least}, got {value}"
+    if args.bucket_mb < 0:
+        return f"--bucket-mb must be >= 0, got {args.bucket_mb}"
+    if args.layers is not None and args.layers < 1:
+        return f"--layers must be >= 1, got {args.layers}"
+    family = registry().model(args.model)
+    if args.config == "full" and family.full_config is None:
+        return f"--config full: model family {args.model!r} has no full config (use --config tiny)"
+    return output_path_error("--json", args.json) or output_path_error("--plot", args.plot)
+
+
 def _cmd_bench_sync(args: argparse.Namespace) -> int:
+    error = argument_error(args)
+    if error is not None:
+        print(f"skyrl-glm bench sync: error: {error}", file=sys.stderr)
+        return 2
     from skyrl_glm.bench.report import plot_report, print_report
     from skyrl_glm.bench.run import run_sync_bench
     from skyrl_glm.bench.synthetic import BenchOptions
 
-    opts = BenchOptions(
-        model=args.model,
-        config=args.config,
-        layers=args.layers,
-        rank=args.rank,
-        alpha=args.alpha,
-        dtype=args.dtype,
-        share_experts=args.share_experts,
-        copies=args.copies,
-        transport=args.transport,
-        device=args.device,
-        recv_device=args.recv_device,
-        bucket_mb=args.bucket_mb,
-        seed=args.seed,
-        repeat=args.repeat,
-        warmup=args.warmup,
-        disk=args.disk,
-        disk_dir=args.disk_dir,
-    )
+    opts = BenchOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions)})
     report = run_sync_bench(opts)
     print_report(report)
     if args.json:
@@ -72,7 +78,7 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="glm-5.3", help="registered model family (default glm-5.3)")
+    p.add_argument("--model", default="glm-5.3", choices=sorted(registry().models), help="registered model family")
     p.add_argument("--config", choices=("tiny", "full"), default="tiny")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N MoE layers (fits a CPU)")
     p.add_argument("--rank", type=int, default=32)
@@ -85,7 +91,7 @@ def add_parser(subparsers: Any) -> None:
         help="one adapter for all routed experts of a layer (Bridge share_expert_adapters)",
     )
     p.add_argument("--copies", action="store_true", help="exporter hands out a separate copy under every name")
-    p.add_argument("--transport", choices=("cpu", "nccl", "ipc"), default="cpu")
+    p.add_argument("--transport", choices=sorted(registry().transports), default="cpu")
     p.add_argument("--device", default=None, help="sender device (default cuda:0 for nccl/ipc when present, else cpu)")
     p.add_argument("--recv-device", default=None, help="receiver device (nccl: cuda:1; ipc/cpu: the sender's)")
     p.add_argument("--bucket-mb", type=int, default=512)

@@ -1,5 +1,6 @@
 """One ``ours`` sync between two spawned processes through a named transport (the transport tests' harness):
-the receiver compares every rebuilt public name with the sender's public tensor after SkyRL's alpha fold."""
+the receiver compares every rebuilt public name with the sender's public tensor after SkyRL's alpha fold
+(:func:`~skyrl_glm.bench.verify.compare_exact`)."""
 
 from __future__ import annotations
 
@@ -14,23 +15,23 @@ from typing import Any
 import torch
 
 from skyrl_glm.bench.procs import free_port
-from skyrl_glm.bench.run import join_pair
-from skyrl_glm.bench.sides import Sender, _sync
+from skyrl_glm.bench.run import joined_pair
+from skyrl_glm.bench.sides import Sender
 from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
+from skyrl_glm.bench.verify import compare_exact
+from skyrl_glm.sync.plan import synchronize
 
 
 def _roundtrip_proc(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> None:
     """One ``ours`` sync between two processes; the receiver compares every rebuilt public name with the sender's
     public tensor after SkyRL's alpha fold (``torch.equal`` semantics on raw bytes, name by name)."""
-    import torch.distributed as dist
     from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_alpha_for_vllm
 
     from skyrl_glm.sync.receiver import AdapterReceiver
 
     opts = BenchOptions(**opts_d)
-    chan, group, transport = join_pair(rank, opts, port, minutes=10)
-    syn = synthetic_adapter(opts)
-    try:
+    with joined_pair(rank, opts, port, minutes=10) as (chan, transport):
+        syn = synthetic_adapter(opts)
         if rank == 0:
             sender = Sender(opts, syn, transport)
             manifest_json, handle_json, info = sender.plan_and_stage("ours", 1)
@@ -44,40 +45,15 @@ def _roundtrip_proc(rank: int, opts_d: dict[str, Any], port: int, out_path: str)
             device = torch.device(opts.recv_device)
             t0 = time.perf_counter()
             got = AdapterReceiver(device).receive(chan.get("m"), json.loads(chan.get("h")), transport)
-            _sync(device)
+            synchronize(device)
             seconds = time.perf_counter() - t0
             # The sender's public adapter, regenerated from the seed, folded as SkyRL folds the public dict.
             public = {n: syn.unique[k].to(device) for n, k in syn.names.items()}
             expected = fold_lora_alpha_for_vllm(public, config_rank=opts.rank, alpha=opts.alpha)
-            names_ok = set(got.tensors) == set(expected)
-            flags, names = [], []
-            for n, exp in expected.items():
-                t = got.tensors.get(n)
-                if t is None or t.shape != exp.shape or t.dtype != exp.dtype:
-                    continue
-                flags.append(torch.equal(t.reshape(-1).view(torch.uint8), exp.reshape(-1).view(torch.uint8)))
-                names.append(n)
-            bad = [n for n, ok in zip(names, flags, strict=True) if not ok]
             chan.put(
                 "answer",
-                json.dumps(
-                    {
-                        "public_names": len(expected),
-                        "received_names": len(got.tensors),
-                        "compared": len(names),
-                        "names_ok": names_ok,
-                        "mismatched": bad[:5],
-                        "bit_exact": names_ok and not bad and len(names) == len(expected),
-                        "receive_s": seconds,
-                        "timings": got.timings,
-                    }
-                ),
+                json.dumps({**compare_exact(got.tensors, expected), "receive_s": seconds, "timings": got.timings}),
             )
-        if group is not None:
-            dist.barrier()
-    finally:
-        if group is not None:
-            dist.destroy_process_group()
 
 
 def transfer_roundtrip(opts: BenchOptions) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.bench.procs import StoreChannel, free_port
+from skyrl_glm.bench.verify import compare_exact
 from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.manifest import DTYPES
 
@@ -216,22 +217,8 @@ def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
             got = AdapterReceiver("cpu").receive(manifest.to_json(), handle, transport)
             full = full_reference(opts)
             expected = expected_slices(full, plan.layout, r)
-            bad = [
-                n
-                for n, exp in expected.items()
-                if n not in got.tensors
-                or got.tensors[n].shape != exp.shape
-                or got.tensors[n].dtype != exp.dtype
-                or not torch.equal(
-                    got.tensors[n].reshape(-1).view(torch.uint8), exp.contiguous().reshape(-1).view(torch.uint8)
-                )
-            ]
             report.update(
-                names_ok=set(got.tensors) == set(expected),
-                expected_names=len(expected),
-                received_names=len(got.tensors),
-                mismatched=bad[:5],
-                bit_exact=not bad and set(got.tensors) == set(expected),
+                **compare_exact(got.tensors, expected),
                 staged_bytes=manifest.total_bytes,
                 sent_tensors=len(manifest.tensors),
                 aliases=len(manifest.aliases),

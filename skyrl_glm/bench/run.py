@@ -6,6 +6,7 @@ What is measured and why: :mod:`skyrl_glm.bench.cli`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -14,7 +15,7 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -135,9 +136,10 @@ def _receiver_main(opts: BenchOptions, syn: Synthetic, transport: Any, chan: Any
         chan.put("disk/answer", json.dumps(answer))
 
 
-def join_pair(rank: int, opts: BenchOptions, port: int, minutes: int) -> tuple[StoreChannel, Any, Any]:
-    """Rank 0 (sender) and rank 1 (receiver): the JSON control channel, the process group (nccl/gloo transport
-    only) and the transport."""
+@contextlib.contextmanager
+def joined_pair(rank: int, opts: BenchOptions, port: int, minutes: int) -> Iterator[tuple[StoreChannel, Any]]:
+    """Rank 0 (sender) and rank 1 (receiver): the JSON control channel and the transport, over a process group for
+    the nccl/gloo transport (both ranks meet at a barrier when the body succeeds; the group is always destroyed)."""
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=_dt.timedelta(minutes=minutes))
@@ -150,26 +152,24 @@ def join_pair(rank: int, opts: BenchOptions, port: int, minutes: int) -> tuple[S
         kw = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=2, **kw)
         group = dist.group.WORLD
-    return StoreChannel(store), group, make_transport(opts.transport, group)
-
-
-def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> None:
-    import torch.distributed as dist
-
-    opts = BenchOptions(**opts_d)
-    chan, group, transport = join_pair(rank, opts, port, minutes=20)
-    syn = synthetic_adapter(opts)
     try:
-        if rank == 0:
-            runs, disk = _sender_main(opts, syn, transport, chan, None)
-            Path(out_path).write_text(json.dumps({"runs": runs, "disk": disk}))
-        else:
-            _receiver_main(opts, syn, transport, chan)
+        yield StoreChannel(store), make_transport(opts.transport, group)
         if group is not None:
             dist.barrier()
     finally:
         if group is not None:
             dist.destroy_process_group()
+
+
+def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> None:
+    opts = BenchOptions(**opts_d)
+    with joined_pair(rank, opts, port, minutes=20) as (chan, transport):
+        syn = synthetic_adapter(opts)
+        if rank == 0:
+            runs, disk = _sender_main(opts, syn, transport, chan, None)
+            Path(out_path).write_text(json.dumps({"runs": runs, "disk": disk}))
+        else:
+            _receiver_main(opts, syn, transport, chan)
 
 
 def _machine(opts: BenchOptions) -> dict[str, Any]:

@@ -5,67 +5,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, _is_b, fold_value
+from skyrl_glm.bench.verify import verify_rebuilt
 from skyrl_glm.lora.bridge import adapter_config
-
-
-def _sync(device: torch.device | str) -> None:
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def verify_rebuilt(
-    got: Mapping[str, torch.Tensor], syn: Synthetic, expected: Mapping[str, torch.Tensor]
-) -> dict[str, Any]:
-    """Every public name present, nothing extra, each value bit-exactly ``expected[storage]`` (already folded).
-
-    Names that show the same view are compared once; the rest are stacked per storage (one comparison per storage
-    key, one host sync at the end), so a 115k-name adapter is checked in well under a second on a GPU."""
-    missing = sorted(set(syn.names) - set(got))
-    extra = sorted(set(got) - set(syn.names))
-    per_storage: dict[str, dict[tuple, torch.Tensor]] = {}
-    for name, key in syn.names.items():
-        t = got.get(name)
-        if t is None:
-            continue
-        vk = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-        per_storage.setdefault(key, {})[vk] = t
-    oks: list[torch.Tensor] = []
-    keys: list[str] = []
-    bad_meta: list[str] = []
-    for key, views in per_storage.items():
-        exp = expected[key]
-        vs = list(views.values())
-        if any(v.shape != exp.shape or v.dtype != exp.dtype for v in vs):
-            bad_meta.append(key)
-            continue
-        exp = exp.to(vs[0].device)
-        for i in range(0, len(vs), 256):
-            chunk = torch.stack(vs[i : i + 256])
-            oks.append((chunk.view(chunk.shape[0], -1).view(torch.uint8) == exp.reshape(1, -1).view(torch.uint8)).all())
-            keys.append(key)
-    flags = torch.stack([o.to("cpu") for o in oks]).tolist() if oks else []
-    mismatched = sorted({k for k, ok in zip(keys, flags, strict=True) if not ok} | set(bad_meta))
-    distinct = sum(len(v) for v in per_storage.values())
-    return {
-        "public_names": len(syn.names),
-        "received_names": len(got),
-        "distinct_views": distinct,
-        "missing": missing[:5],
-        "n_missing": len(missing),
-        "extra": extra[:5],
-        "n_extra": len(extra),
-        "mismatched_storages": mismatched[:5],
-        "n_mismatched": len(mismatched),
-        "bit_exact": not missing and not extra and not mismatched,
-    }
+from skyrl_glm.sync.plan import synchronize
 
 
 def _reset_peak(device: torch.device) -> int:
@@ -88,7 +36,7 @@ def _peak_since(device: torch.device, base: int) -> int | None:
 def make_transport(name: str, group: Any = None) -> Any:
     from skyrl_glm.plugins import registry
 
-    cls = registry().transports[name]
+    cls = registry().transport(name)
     return cls(group=group, src=0) if name == "nccl" else cls()
 
 
@@ -103,7 +51,7 @@ class Sender:
             n: (on_dev[k].clone() if opts.copies else on_dev[k]) for n, k in syn.names.items()
         }
         del on_dev
-        _sync(self.device)
+        synchronize(self.device)
         self.config = adapter_config(opts.rank, opts.alpha, syn.targets)
         self.plan: Any = None
 
@@ -121,23 +69,23 @@ class Sender:
         span = max(1, self.syn.n_experts) if self.opts.share_experts else 1
         t0 = time.perf_counter()
         to_send, aliases = dedupe_shared_expert_adapters(iter(self.public.items()), span)
-        _sync(self.device)
+        synchronize(self.device)
         t1 = time.perf_counter()
         folded = fold_lora_alpha_for_vllm(to_send, config_rank=self.opts.rank, alpha=self.opts.alpha)
-        _sync(self.device)
+        synchronize(self.device)
         t2 = time.perf_counter()
         # The sent tensors packed into the transport's buffer (counted as transfer, as SkyRL's transfer engine packs).
         entries = layout(folded, ["0" * 32] * len(folded))  # SkyRL sends no checksums: a placeholder
         total = entries[-1].offset + align(entries[-1].nbytes) if entries else 0
         buffer = self.transport.staging(total, self.device)
         pack_into(buffer, entries, list(folded.values()))
-        _sync(self.device)
+        synchronize(self.device)
         t3 = time.perf_counter()
         manifest = Manifest(
             version=version,
             lora_name="bench",
             adapter_config=mark_alpha_folded(dict(self.config)),
-            tensors=tuple(entries),
+            tensors=entries,
             aliases=aliases,
             total_bytes=total,
             bucket_bytes=self.opts.bucket_mb << 20,
@@ -166,7 +114,7 @@ class Sender:
         plan, timings = (self._plan_skyrl if path == "skyrl" else self._plan_ours)(version)
         t0 = time.perf_counter()
         handle = self.transport.prepare(plan)
-        _sync(self.device)
+        synchronize(self.device)
         timings["stage_s"] = time.perf_counter() - t0
         self.plan = plan
         info = {
@@ -185,7 +133,7 @@ class Sender:
     def stream(self) -> float:
         t0 = time.perf_counter()
         self.transport.stream(self.plan)
-        _sync(self.device)
+        synchronize(self.device)
         return time.perf_counter() - t0
 
     def release(self) -> None:
@@ -198,7 +146,7 @@ class Sender:
 
         t0 = time.perf_counter()
         folded = fold_lora_alpha_for_vllm(self.public, config_rank=self.opts.rank, alpha=self.opts.alpha)
-        _sync(self.device)
+        synchronize(self.device)
         t1 = time.perf_counter()
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "adapter_model.safetensors"
@@ -228,7 +176,7 @@ class Receiver:
             from skyrl_glm.sync.receiver import AdapterReceiver
 
             got = AdapterReceiver(self.device).receive(manifest_json, handle, self.transport)
-            _sync(self.device)
+            synchronize(self.device)
             tensors, timings = got.tensors, dict(got.timings)
         else:
             tensors, timings = self._receive_skyrl(manifest_json, handle)
@@ -253,7 +201,7 @@ class Receiver:
         self.transport.incoming_bytes(manifest, handle)
         staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
         self.transport.receive(manifest, handle, staging)
-        _sync(self.device)
+        synchronize(self.device)
         t1 = time.perf_counter()
         sent = dict(zip((e.name for e in entries), views(staging, entries), strict=True))
         tensors = expand_lora_aliases(sent, manifest.aliases)
@@ -264,6 +212,6 @@ class Receiver:
 
         t0 = time.perf_counter()
         tensors = load_file(path, device=str(self.device))
-        _sync(self.device)
+        synchronize(self.device)
         t1 = time.perf_counter()
         return {"timings": {"load_s": t1 - t0}, "verified": verify_rebuilt(tensors, self.syn, self.expected)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -60,12 +59,7 @@ def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]
     from skyrl_glm.plugins import registry
 
     family = registry().model(model)
-    if config == "tiny":
-        cfg = family.tiny_config()
-    elif config == "full":
-        cfg = importlib.import_module(family.tiny_config.__module__).full_config()
-    else:
-        raise SystemExit(f"--config must be tiny or full, got {config!r}")
+    cfg = family.config(config)
     if layers is not None:
         from skyrl_glm.lora.bridge import _layer_is_moe
 
@@ -91,19 +85,13 @@ class Synthetic:
 
 
 def synthetic_adapter(opts: BenchOptions) -> Synthetic:
-    from skyrl_glm.lora.bridge import bridge_export_specs
+    from skyrl_glm.lora.bridge import bridge_export_specs, synthetic_values
 
     family, cfg = model_config(opts.model, opts.config, opts.layers)
     targets = family.lora.resolve(sampler="vllm")
     specs = bridge_export_specs(cfg, rank=opts.rank, targets=targets, share_expert_adapters=opts.share_experts)
-    gen = torch.Generator().manual_seed(opts.seed)
-    dtype = DTYPES[opts.dtype]
-    unique: dict[str, torch.Tensor] = {}
-    names: dict[str, str] = {}
-    for s in specs:
-        if s.storage not in unique:
-            unique[s.storage] = (torch.randn(s.shape, generator=gen) * 0.02).to(dtype)
-        names[PEFT_PREFIX + s.name] = s.storage
+    unique = synthetic_values(specs, dtype=DTYPES[opts.dtype], seed=opts.seed)
+    names = {PEFT_PREFIX + s.name: s.storage for s in specs}
     return Synthetic(names, unique, targets, int(getattr(cfg, "n_routed_experts", 0) or 0))
 
 

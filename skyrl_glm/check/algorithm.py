@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skyrl_glm.check.probes import Probes
-from skyrl_glm.sync.publisher import Publisher
+from skyrl_glm.sync.update import Publisher
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TrainerScorer(Protocol):

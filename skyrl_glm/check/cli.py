@@ -10,8 +10,9 @@ from rich.console import Console
 from skyrl_glm.check.algorithm import CheckConfig, StepResult
 from skyrl_glm.check.faults import FAULTS, FaultNotApplicable
 from skyrl_glm.check.report import plot, print_table, write_json
-from skyrl_glm.check.runner import TRANSPORTS, CheckOptions, run
+from skyrl_glm.check.runner import CheckOptions, run, transport_choices
 from skyrl_glm.models.base import UnsupportedTargetError
+from skyrl_glm.plugins import registry
 
 log = logging.getLogger(__name__)
 console = Console(width=140)
@@ -20,11 +21,14 @@ console = Console(width=140)
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="five-step trainer/sampler handoff check (default: tiny GLM on CPU)")
     p.add_argument("--model", help="registered model name (tiny made on the fly) or checkpoint dir; default glm-4.5")
-    p.add_argument("--trainer", default="hf")
-    p.add_argument("--sampler", default="vllm")
-    p.add_argument("--transport", default="cpu", choices=TRANSPORTS)
+    p.add_argument("--trainer", default="hf", choices=sorted(registry().trainers))
+    p.add_argument("--sampler", default="vllm", choices=sorted(registry().samplers))
+    p.add_argument("--transport", default="cpu", choices=transport_choices())
     p.add_argument("--fault", default="none", choices=FAULTS, help="replace the handoff with a deliberately broken one")
-    p.add_argument("--lora-targets", help="comma-separated HF target names (default: the model's policy)")
+    p.add_argument(
+        "--lora-targets",
+        help="LoRA targets, comma-separated: qualified, PEFT short (q_a_proj) or Megatron (linear_fc1)",
+    )
     p.add_argument(
         "--allow-unsupported-targets",
         action="store_true",
@@ -56,7 +60,7 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
         sampler=args.sampler,
         transport=args.transport,
         fault=args.fault,
-        lora_targets=[t.strip() for t in args.lora_targets.split(",")] if args.lora_targets else None,
+        lora_targets=None if args.lora_targets is None else [t for t in args.lora_targets.split(",") if t.strip()],
         allow_unsupported_targets=args.allow_unsupported_targets,
         rank=args.rank,
         alpha=args.alpha,

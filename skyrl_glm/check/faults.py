@@ -8,12 +8,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.update import UpdateResult
+
+if TYPE_CHECKING:
+    import torch
+
+    from skyrl_glm.sync.publisher import InMemoryPublisher
 
 FAULTS = ("none", "no-publish", "drop-aliases", "double-scale", "wrong-target", "prefill-only")
 # The step at which each fault must be caught (the receiver itself rejects an update with dropped aliases:

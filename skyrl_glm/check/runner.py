@@ -18,7 +18,11 @@ from skyrl_glm.models.vllm_targets import sampler_backend
 from skyrl_glm.plugins import registry
 
 DEFAULT_MODEL = "glm-4.5"
-TRANSPORTS = ("cpu", "ipc", "nccl", "disk")
+
+
+def transport_choices() -> list[str]:
+    """Registered transports, plus ``disk``: the baseline that writes a PEFT directory vLLM loads."""
+    return [*sorted(registry().transports), "disk"]
 
 
 @dataclass
@@ -63,10 +67,10 @@ def build(options: CheckOptions, family: ModelFamily, model_dir: Path) -> tuple[
         sampler=sampler_backend(options.device),
         allow_unsupported=options.allow_unsupported_targets,
     )
-    trainer = reg.scorer(f"trainer:{options.trainer}")(
+    trainer = reg.trainer(options.trainer)(
         model_dir, family=family, targets=targets, rank=options.rank, alpha=options.alpha, device=options.device
     )
-    sampler = reg.scorer(f"sampler:{options.sampler}")(
+    sampler = reg.sampler(options.sampler)(
         model_dir,
         family=family,
         targets=targets,

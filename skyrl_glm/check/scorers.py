@@ -1,17 +1,18 @@
-"""Built-in handoff-check scorers, registered through the package's ``skyrl_glm`` entry point.
+"""Built-in handoff-check trainer and sampler factories, registered through the package's ``skyrl_glm`` entry point.
 
-A scorer factory takes ``(model_dir, *, family, targets, rank, device, ...)`` and returns an object with
-the :class:`~skyrl_glm.check.algorithm.TrainerScorer` or ``SamplerScorer`` methods.
+``hf_trainer`` is a :class:`~skyrl_glm.plugins.TrainerFactory` (HF + PEFT), ``vllm_sampler`` a
+:class:`~skyrl_glm.plugins.SamplerFactory` (a vLLM engine with in-memory adapter swaps). Both import their
+heavy dependencies when called, so registering them costs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from skyrl_glm.models.base import ModelFamily
-from skyrl_glm.plugins import hookimpl
+from skyrl_glm.plugins import SamplerFactory, TrainerFactory, hookimpl
 
 
 def hf_trainer(
@@ -41,5 +42,10 @@ def vllm_sampler(
 
 
 @hookimpl
-def skyrl_glm_scorers() -> list[tuple[str, Callable[..., Any]]]:
-    return [("trainer:hf", hf_trainer), ("sampler:vllm", vllm_sampler)]
+def skyrl_glm_trainers() -> list[tuple[str, TrainerFactory]]:
+    return [("hf", hf_trainer)]
+
+
+@hookimpl
+def skyrl_glm_samplers() -> list[tuple[str, SamplerFactory]]:
+    return [("vllm", vllm_sampler)]

@@ -181,18 +181,18 @@ def synthetic_bridge_export(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """A ``(name, tensor)`` stream shaped and shared like Bridge's export (for tests; Bridge itself needs TE).
     Names with one storage key get the *same* tensor object, as the exporter hands out one tensor for them."""
+    specs = bridge_export_specs(config, rank=rank, targets=targets, share_expert_adapters=share_expert_adapters)
+    made = synthetic_values(specs, dtype=dtype, seed=seed)
+    for s in specs:
+        yield s.name, made[s.storage]
+
+
+def synthetic_values(specs: Sequence[TensorSpec], *, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    """``{storage key: random value}`` for a layout, drawn in spec order from one seeded generator (so a stream
+    and a benchmark built from the same specs and seed hold the same values)."""
     gen = torch.Generator().manual_seed(seed)
     made: dict[str, torch.Tensor] = {}
-    specs = bridge_export_specs(config, rank=rank, targets=targets, share_expert_adapters=share_expert_adapters)
     for s in specs:
-        t = made.get(s.storage)
-        if t is None:
-            t = (torch.randn(s.shape, generator=gen) * 0.02).to(dtype)
-            made[s.storage] = t
-        yield s.name, t
-
-
-def export_adapter_weights(bridge: Any, model: Any, **kwargs: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream ``(name, tensor)`` from a Megatron-Bridge ``AutoBridge`` (imported by the caller; Bridge needs TE)."""
-    for item in bridge.export_adapter_weights(model, **kwargs):
-        yield item[0], item[1]
+        if s.storage not in made:
+            made[s.storage] = (torch.randn(s.shape, generator=gen) * 0.02).to(dtype)
+    return made

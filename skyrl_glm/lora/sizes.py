@@ -95,18 +95,10 @@ def adapter_sizes(
 def family_sizes(
     family: Any, *, full: bool = True, rank: int = 32, targets: Sequence[str] | None = None, **kw: Any
 ) -> AdapterSizes:
-    """:func:`adapter_sizes` for a registered family: its full config (``full_config()`` in the family's module)
-    or its tiny config, with the family's default targets for the GPU sampler (``vllm``, routed experts included)."""
-    import importlib
-
-    if full:
-        mod = importlib.import_module(family.tiny_config.__module__)
-        if not hasattr(mod, "full_config"):
-            raise ValueError(f"family {family.name!r} has no full_config in {mod.__name__}")
-        config = mod.full_config()
-    else:
-        config = family.tiny_config()
-    chosen = list(targets) if targets else family.lora.resolve(sampler="vllm")
+    """:func:`adapter_sizes` for a registered family: its full or tiny config, with ``targets`` as users write them
+    (default: the family's targets for the GPU sampler, ``vllm``, routed experts included)."""
+    config = family.config("full" if full else "tiny")
+    chosen = family.lora.resolve(None if targets is None else list(targets), sampler="vllm", allow_unsupported=True)
     label = f"{family.name} ({'full' if full else 'tiny'})"
     return adapter_sizes(config, rank=rank, targets=chosen, model=label, **kw)
 

@@ -1,13 +1,29 @@
-"""What a model adapter tells skyrl-glm: facts, LoRA targets per side, and how to make a tiny copy."""
+"""What a model adapter tells skyrl-glm: facts, LoRA targets per side, configs, and how a sampler serves it.
+
+One record per fact: a :class:`LoraTarget` holds everything about one LoRA-able module (its HF, Megatron and vLLM
+names, the vLLM tensor-parallel style of its base layer, which samplers ignore it); a :class:`ModelFamily` holds
+everything about one architecture (facts, full and tiny configs, vLLM CPU dtype, sampler config overrides).
+Importing this module imports no torch or transformers.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Sampler backends a target policy knows about.
-SAMPLER_BACKENDS = ("vllm", "vllm-cpu")
+log = logging.getLogger(__name__)
+
+# How vLLM 0.32 splits a LoRA target's tensors over tensor-parallel ranks (its base layer's parallel style;
+# read from vllm/lora/layers/{column,row}_parallel_linear.py, fused_moe.py and the GLM/DeepSeek model files).
+REPLICATED = "replicated"  # ReplicatedLinear, or a parallel linear built with disable_tp=True: A and B whole
+COLUMN = "column"  # Column/MergedColumn/QKV(q) ParallelLinear: A whole, B split on dim 0
+ROW = "row"  # RowParallelLinear: A split on dim 1, B whole
+QKV_KV = "qkv_kv"  # k / v of a QKVParallelLinear: like COLUMN over min(tp, num_kv_heads) head groups
+EXPERT_COLUMN = "expert_column"  # routed experts' w1/w3 (gate/up) under FusedMoEWithLoRA: like COLUMN
+EXPERT_ROW = "expert_row"  # routed experts' w2 (down): like ROW
+TP_STYLES = (REPLICATED, COLUMN, ROW, QKV_KV, EXPERT_COLUMN, EXPERT_ROW)
 
 
 class UnsupportedTargetError(ValueError):
@@ -18,6 +34,9 @@ class UnsupportedTargetError(ValueError):
 class LoraTarget:
     """One LoRA-able module, named on every side of the handoff.
 
+    ``hf``: the PEFT target, written with its parent (``self_attn.q_a_proj``); ``megatron``: the Megatron-Core
+    module (``linear_q_down_proj``); ``vllm``: the vLLM module that carries its LoRA (fused layers share one, e.g.
+    ``gate_up_proj``); ``tp_style``: how vLLM shards it over TP ranks (one of :data:`TP_STYLES`).
     ``unsupported`` maps a sampler backend to the reason it does not apply a LoRA on this module.
     """
 
@@ -26,6 +45,16 @@ class LoraTarget:
     kind: str  # attention | dense_mlp | shared_expert | routed_expert | indexer
     default: bool = True
     unsupported: Mapping[str, str] = field(default_factory=dict)
+    vllm: str | None = None
+    tp_style: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tp_style is not None and self.tp_style not in TP_STYLES:
+            raise ValueError(f"{self.hf}: tp_style {self.tp_style!r} is not one of {TP_STYLES}")
+
+
+def _suffix_match(qualified: str, short: str) -> bool:
+    return qualified == short or qualified.endswith("." + short)
 
 
 @dataclass(frozen=True)
@@ -37,12 +66,42 @@ class LoraPolicy:
     megatron_lora_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def target(self, hf_name: str) -> LoraTarget:
+        """The record of one qualified HF target name."""
         for t in self.targets:
             if t.hf == hf_name:
                 return t
         raise UnsupportedTargetError(
             f"{hf_name!r} is not a LoRA target of this model; known: {[t.hf for t in self.targets]}"
         )
+
+    def match(self, name: str) -> list[LoraTarget]:
+        """Every target a name as users write it means: a qualified HF name (``self_attn.q_a_proj``), a PEFT-style
+        short name matched as a dotted suffix (``q_a_proj``; ``gate_proj`` means the dense MLP's, the shared
+        expert's and the routed experts' gate), or a Megatron module name (``linear_fc1``). Unknown: an error."""
+        name = name.strip()
+        if not name:
+            raise UnsupportedTargetError("an empty LoRA target name")
+        exact = [t for t in self.targets if t.hf == name]
+        if exact:
+            return exact
+        found = [t for t in self.targets if t.megatron == name or _suffix_match(t.hf, name)]
+        if not found:
+            raise UnsupportedTargetError(
+                f"{name!r} is not a LoRA target of this model (HF, PEFT short or Megatron name); "
+                f"known: {[t.hf for t in self.targets]}"
+            )
+        return found
+
+    def expand(self, names: Sequence[str]) -> list[str]:
+        """Qualified HF names for ``names`` as users write them (order kept, no repeats). A name that means
+        several targets expands to all of them, and says so in the log."""
+        out: list[str] = []
+        for name in names:
+            found = self.match(name)
+            if len(found) > 1 or found[0].hf != name.strip():
+                log.info("LoRA target %r means %s", name, ", ".join(t.hf for t in found))
+            out += [t.hf for t in found if t.hf not in out]
+        return out
 
     def resolve(
         self,
@@ -51,21 +110,35 @@ class LoraPolicy:
         sampler: str = "vllm",
         allow_unsupported: bool = False,
     ) -> list[str]:
-        """HF/PEFT module names to train.
+        """Qualified HF/PEFT target names to train.
 
         Without ``requested``: the default targets this sampler applies (a default it cannot apply, such as
-        routed experts on vLLM's CPU build, is left out). With ``requested``: exactly those, and asking for a
+        routed experts on vLLM's CPU build, is left out). With ``requested`` (names as users write them, see
+        :meth:`match`; an empty list is an error): exactly those, and asking for a
         target the sampler does not apply is an error naming the module and why (unless ``allow_unsupported``).
         """
-        if not requested:
+        if requested is None:
             return [t.hf for t in self.targets if t.default and sampler not in t.unsupported]
-        chosen = [self.target(n) for n in requested]
+        if not requested:
+            raise UnsupportedTargetError("no LoRA targets given")
+        chosen = [self.target(n) for n in self.expand(requested)]
         if not allow_unsupported:
             bad = [(t.hf, t.unsupported[sampler]) for t in chosen if sampler in t.unsupported]
             if bad:
                 lines = "; ".join(f"{name}: {why}" for name, why in bad)
                 raise UnsupportedTargetError(f"sampler {sampler!r} does not apply LoRA on {lines}")
         return [t.hf for t in chosen]
+
+    def vllm_modules(self, hf_names: Sequence[str]) -> list[str]:
+        """vLLM ``lora_target_modules`` for these HF targets (deduplicated, order kept)."""
+        out: list[str] = []
+        for name in hf_names:
+            module = self.target(name).vllm
+            if module is None:
+                raise UnsupportedTargetError(f"{name!r} has no vLLM LoRA module")
+            if module not in out:
+                out.append(module)
+        return out
 
     def megatron_targets(self, hf_names: Sequence[str]) -> list[str]:
         """Megatron module names for these HF targets (deduplicated, order kept)."""
@@ -79,8 +152,13 @@ class LoraPolicy:
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """A model adapter. ``tiny_config`` builds a small random-weight config of the same architecture;
-    ``prepare_for_sampler`` (optional) returns kwargs that let a given sampler backend serve a checkpoint."""
+    """A model adapter.
+
+    ``tiny_config`` builds a small random-weight config of the same architecture, ``full_config`` the published
+    one (None: only facts are known). ``vllm_cpu_dtype``: the dtype vLLM's CPU build serves it in (None: no CPU
+    serving path). ``sampler_overrides(model_dir, device=, max_model_len=)`` (optional) returns extra vLLM engine
+    kwargs a checkpoint needs on that device (``hf_overrides``, ``max_model_len``).
+    """
 
     name: str
     hf_model_type: str
@@ -88,8 +166,21 @@ class ModelFamily:
     facts: Mapping[str, Any]
     lora: LoraPolicy
     tiny_config: Callable[[], Any]
+    full_config: Callable[[], Any] | None = None
+    vllm_cpu_dtype: str | None = None
+    sampler_overrides: Callable[..., dict[str, Any]] | None = None
     tiny_vocab_size: int = 512
     model_class: Callable[[Any], Any] | None = None  # default: AutoModelForCausalLM.from_config
+
+    def config(self, which: str) -> Any:
+        """The ``"tiny"`` or ``"full"`` config; a family without a full config says so."""
+        if which == "tiny":
+            return self.tiny_config()
+        if which != "full":
+            raise ValueError(f"config must be 'tiny' or 'full', got {which!r}")
+        if self.full_config is None:
+            raise ValueError(f"model family {self.name!r} has no full config (only its tiny config); use the tiny one")
+        return self.full_config()
 
     def build_model(self, config: Any) -> Any:
         if self.model_class is not None:

@@ -47,4 +47,5 @@ FAMILY = ModelFamily(
     facts=FACTS,
     lora=LoraPolicy(targets=tuple(gqa_attention() + moe_mlp())),
     tiny_config=tiny_config,
+    vllm_cpu_dtype="float32",  # GQA runs in fp32 on vLLM CPU: what makes a bit-tight CPU handoff check possible
 )

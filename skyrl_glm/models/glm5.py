@@ -66,6 +66,19 @@ def tiny_config():
     )
 
 
+def sampler_overrides(model_dir, *, device: str, max_model_len: int | None) -> dict:
+    """On vLLM CPU, serve the checkpoint as dense MLA (exact while ``max_model_len <= index_topk``)."""
+    if device != "cpu":
+        return {}
+    from transformers import AutoConfig
+
+    from skyrl_glm.models.glm5_vllm_cpu import cpu_sampler_overrides
+
+    config = AutoConfig.from_pretrained(model_dir)
+    max_model_len = max_model_len or min(int(config.index_topk), int(config.max_position_embeddings))
+    return {"hf_overrides": cpu_sampler_overrides(config, max_model_len), "max_model_len": max_model_len}
+
+
 FAMILY = ModelFamily(
     name="glm-5.3",
     hf_model_type="glm_moe_dsa",
@@ -76,4 +89,7 @@ FAMILY = ModelFamily(
         megatron_lora_kwargs={"share_expert_adapters": True},
     ),
     tiny_config=tiny_config,
+    full_config=full_config,
+    vllm_cpu_dtype="bfloat16",  # MLA on vLLM CPU runs in bf16 only
+    sampler_overrides=sampler_overrides,
 )

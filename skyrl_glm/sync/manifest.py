@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -57,6 +57,18 @@ class TensorEntry:
     offset: int
     nbytes: int
     checksum: str
+
+
+def pack_entries(
+    items: Iterable[tuple[str, str, tuple[int, ...], int, str]],
+) -> tuple[tuple[TensorEntry, ...], int]:
+    """Lay tensors out back to back, each at an ``ALIGN``-byte offset: ``(entries, total_bytes)`` from
+    ``(name, dtype, shape, nbytes, checksum)`` in stream order."""
+    entries, offset = [], 0
+    for name, dtype, shape, nbytes, checksum in items:
+        entries.append(TensorEntry(name, dtype, tuple(shape), offset, nbytes, checksum))
+        offset += align(nbytes)
+    return tuple(entries), offset
 
 
 MAX_INT = 2**63 - 1  # versions, sizes and offsets must fit an int64 (vLLM serialises results with msgpack)

@@ -40,7 +40,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 from skyrl_glm.sync.aliases import AliasRun, runs_of
 from skyrl_glm.sync.checksum import int32_words, span_checks
 from skyrl_glm.sync.compare import equal_pairs
-from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, align, dtype_name, views
+from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, align, dtype_name, pack_entries, views
 from skyrl_glm.sync.nogc import paused_gc
 
 DEFAULT_BUCKET_BYTES = 512 << 20
@@ -304,7 +304,9 @@ def alias_rules(names: Mapping[str, list[str]]) -> tuple[dict[str, str], list[Al
     return explicit, runs
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the work queued on ``device`` (CUDA runs asynchronously; a no-op on CPU), so stage times are honest."""
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -333,13 +335,12 @@ def zeroed(nbytes: int, device: torch.device) -> torch.Tensor:
 
 def layout(tensors: Mapping[str, torch.Tensor], checksums: Sequence[str] | None = None) -> list[TensorEntry]:
     """Entries at 64-byte aligned offsets, in the order given."""
-    entries, offset = [], 0
-    for i, (name, t) in enumerate(tensors.items()):
-        nbytes = t.numel() * t.element_size()
-        cs = checksums[i] if checksums is not None else ""
-        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes, cs))
-        offset += align(nbytes)
-    return entries
+    sums = checksums if checksums is not None else [""] * len(tensors)
+    entries, _ = pack_entries(
+        (name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), cs)
+        for (name, t), cs in zip(tensors.items(), sums, strict=True)
+    )
+    return list(entries)
 
 
 def pack_into(buffer: torch.Tensor, entries: Sequence[TensorEntry], tensors: Sequence[torch.Tensor]) -> None:
@@ -412,7 +413,7 @@ def _build_plan(
     t0 = time.perf_counter()
     dedup = deduplicate(adapter, shared_storage=shared_storage)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
-    _sync(device)
+    synchronize(device)
     t1 = time.perf_counter()
     explicit, runs = alias_rules(dedup.names)
     t2 = time.perf_counter()
@@ -429,11 +430,11 @@ def _build_plan(
     total = entries[-1].offset + align(entries[-1].nbytes) if entries else 0
     buffer = staging(total, device)
     pack_into(buffer, entries, list(ordered.values()))
-    _sync(buffer.device)
+    synchronize(buffer.device)
     t3 = time.perf_counter()
     if alpha != r:
         _fold_regions(buffer, entries, r, alpha)
-    _sync(buffer.device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
+    synchronize(buffer.device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
     t4 = time.perf_counter()
     sums, _ = span_checks(buffer, [(e.offset, e.nbytes, e.dtype) for e in entries])
     entries = [

@@ -13,27 +13,19 @@ import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors.torch import save_file
 
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
-from skyrl_glm.sync.update import Sampler, UpdateResult
+from skyrl_glm.sync.update import Adapter, Sampler, UpdateResult
 
 if TYPE_CHECKING:
     from skyrl_glm.sync.vllm.async_engine import AsyncVllmEngineSampler
-
-Adapter = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-
-
-class Publisher(Protocol):
-    def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult: ...
-
 
 class InMemoryPublisher:
     """Deduplicated, checksummed, in-memory handoff through any registered transport."""
@@ -52,7 +44,6 @@ class InMemoryPublisher:
         self.lora_name = lora_name
         self.bucket_bytes = bucket_bytes
         self.shared_storage = shared_storage
-        self.last_plan: SyncPlan | None = None
 
     def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
         """Plan straight into the transport's staging memory (send it with :meth:`send` before the next plan)."""
@@ -103,7 +94,7 @@ class InMemoryPublisher:
 
     def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         t0 = time.perf_counter()
-        plan = self.last_plan = self.plan(adapter, adapter_config, version)
+        plan = self.plan(adapter, adapter_config, version)
         result = self.send(plan)
         result.timings["total_s"] = time.perf_counter() - t0
         return result
@@ -111,7 +102,7 @@ class InMemoryPublisher:
     async def publish_async(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         """:meth:`publish` for an async sampler; planning runs in a thread so the event loop keeps serving."""
         t0 = time.perf_counter()
-        plan = self.last_plan = await asyncio.to_thread(self.plan, adapter, adapter_config, version)
+        plan = await asyncio.to_thread(self.plan, adapter, adapter_config, version)
         result = await self.send_async(plan)
         result.timings["total_s"] = time.perf_counter() - t0
         return result

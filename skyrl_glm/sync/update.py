@@ -1,4 +1,5 @@
-"""What a sampler answers to one adapter update, and the sampler interface publishers drive.
+"""What a sampler answers to one adapter update, the sampler interface publishers drive, and the publisher
+interface the check drives.
 
 Engine independent: the publishers, the check and the vLLM glue all import these, so the sync core never
 imports engine code.
@@ -6,8 +7,15 @@ imports engine code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+# The trainer's adapter: ``{public name: tensor}`` or a stream of ``(public name, tensor)``.
+Adapter = Mapping[str, "torch.Tensor"] | Iterable[tuple[str, "torch.Tensor"]]
 
 
 @dataclass
@@ -31,3 +39,10 @@ class Sampler(Protocol):
     def load_adapter_dir(self, path: str, lora_name: str) -> UpdateResult:
         """Load a PEFT adapter directory the engine's standard way (the disk baseline)."""
         ...
+
+
+class Publisher(Protocol):
+    """Hands one adapter version from the trainer to the sampler
+    (:class:`~skyrl_glm.sync.publisher.InMemoryPublisher`, :class:`~skyrl_glm.sync.publisher.DiskPublisher`)."""
+
+    def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult: ...

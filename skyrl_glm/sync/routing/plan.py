@@ -19,60 +19,38 @@ engine with tensor parallelism (each TP worker holds a slice of most LoRA tensor
    JSON handle naming the routes to receive, so the unchanged :class:`~skyrl_glm.sync.receiver.AdapterReceiver`
    verifies checksums, finiteness, A/B pairing and rebuilds the receiver's public names (its slices).
 
-Sharding rules (which slice of a LoRA tensor a vLLM TP rank holds) are read from vLLM 0.32's
-``vllm/lora/layers/{column,row}_parallel_linear.py``, ``fused_moe.py`` and the GLM/DeepSeek model files; see
-:data:`TARGET_STYLE` and docs/sync.md ("Multi-rank routing"). Everything here is pure (no torch.distributed, no
-tensors): every rank computes the same plan from the same JSON inputs.
+Sharding rules (which slice of a LoRA tensor a vLLM TP rank holds) are each target's ``tp_style`` on its record
+(:class:`~skyrl_glm.models.base.LoraTarget`, read from vLLM 0.32's LoRA layers and the GLM/DeepSeek model files;
+see docs/sync.md, "Multi-rank routing"). Everything here is pure (no torch.distributed, no tensors): every rank
+computes the same plan from the same JSON inputs.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, align
+from skyrl_glm.models.base import COLUMN, EXPERT_COLUMN, QKV_KV, REPLICATED, ROW
+from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, pack_entries
 
-# Parallel styles of the vLLM base layer a LoRA target sits on (vLLM 0.32, DeepseekV2/GLM-5 MLA, Glm4Moe GQA).
-REPLICATED = "replicated"  # ReplicatedLinear, or a parallel linear built with disable_tp=True
-COLUMN = "column"  # ColumnParallelLinear / MergedColumnParallelLinear / QKVParallelLinear (q)
-ROW = "row"  # RowParallelLinear
-QKV_KV = "qkv_kv"  # the k / v slices of a QKVParallelLinear: split over min(tp, num_kv_heads) head groups
-EXPERT_COLUMN = "expert_column"  # routed experts' w1/w3 (gate/up) under FusedMoEWithLoRA
-EXPERT_ROW = "expert_row"  # routed experts' w2 (down)
 
-# HF/PEFT target (skyrl_glm.models.targets names) -> parallel style in vLLM.
-TARGET_STYLE: dict[str, str] = {
-    # MLA: q_a_proj + kv_a_proj_with_mqa are packed into fused_qkv_a_proj = DeepSeekV2FusedQkvAProjLinear, a
-    # MergedColumnParallelLinear with disable_tp=True (tp_size 1): its LoRA is whole on every rank.
-    "self_attn.q_a_proj": REPLICATED,
-    "self_attn.kv_a_proj_with_mqa": REPLICATED,
-    "self_attn.q_b_proj": COLUMN,  # ColumnParallelLinear
-    "self_attn.kv_b_proj": COLUMN,  # ColumnParallelLinear (its LoRA is ignored by vLLM's absorbed MLA)
-    "self_attn.o_proj": ROW,  # RowParallelLinear
-    # GQA (glm4_moe): QKVParallelLinear; q heads split over tp, kv heads over min(tp, num_kv_heads).
-    "self_attn.q_proj": COLUMN,
-    "self_attn.k_proj": QKV_KV,
-    "self_attn.v_proj": QKV_KV,
-    # Dense MLP and shared expert (DeepseekV2MLP / Glm4MoeMLP): MergedColumnParallelLinear gate_up + RowParallel
-    # down (no sequence-parallel MoE: that needs DP > 1 with EP, where they become disable_tp = replicated).
-    "mlp.gate_proj": COLUMN,
-    "mlp.up_proj": COLUMN,
-    "mlp.down_proj": ROW,
-    "shared_experts.gate_proj": COLUMN,
-    "shared_experts.up_proj": COLUMN,
-    "shared_experts.down_proj": ROW,
-    # Routed experts (FusedMoEWithLoRA, fully_sharded_loras=False): w13 lora_B split on the intermediate dim,
-    # w13 lora_A whole; w2 lora_A split on the intermediate dim, w2 lora_B whole. With enable_expert_parallel
-    # the MoE tp collapses to 1 and expert e lives whole on EP rank e // (E / ep).
-    "mlp.experts.gate_up_proj": EXPERT_COLUMN,
-    "mlp.experts.down_proj": EXPERT_ROW,
-    # DSA indexer: wq_b is a ReplicatedLinear; wk is packed into wk_weights_proj, a MergedColumnParallelLinear
-    # with disable_tp=True. Whether vLLM applies a LoRA there at all is unverified (targets are off by default).
-    "indexer.wq_b": REPLICATED,
-    "indexer.wk": REPLICATED,
-}
+@functools.cache
+def target_styles() -> dict[str, str]:
+    """``{HF target: vLLM TP style}`` from the target records of every registered model family."""
+    from skyrl_glm.plugins import registry
+
+    styles: dict[str, str] = {}
+    for family in registry().models.values():
+        for t in family.lora.targets:
+            if t.tp_style is None:
+                continue
+            if styles.setdefault(t.hf, t.tp_style) != t.tp_style:
+                raise RoutingError(f"model families disagree on the TP style of {t.hf!r}")
+    return styles
+
 
 _NAME = re.compile(
     r"^(?P<prefix>.*?)\.layers\.(?P<layer>\d+)\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$",
@@ -86,7 +64,7 @@ class RoutingError(ValueError):
 
 @dataclass(frozen=True)
 class LoraName:
-    """A per-module LoRA tensor name resolved to its target: ``target`` is a :data:`TARGET_STYLE` key."""
+    """A per-module LoRA tensor name resolved to its target: ``target`` is a key of :func:`target_styles`."""
 
     target: str
     ab: str  # "A" | "B"
@@ -109,10 +87,11 @@ def parse_name(name: str) -> LoraName:
         target = "mlp.experts.down_proj" if e["proj"] == "down_proj" else "mlp.experts.gate_up_proj"
     else:
         target = module
-    if target not in TARGET_STYLE:
+    styles = target_styles()
+    if target not in styles:
         raise RoutingError(
             f"{name!r}: no vLLM TP sharding rule for module {module!r} (fused 3D expert tensors are not routed; "
-            f"known targets: {sorted(TARGET_STYLE)})"
+            f"known targets: {sorted(styles)})"
         )
     return LoraName(target, m["ab"], int(m["layer"]), expert)
 
@@ -225,7 +204,7 @@ def expert_owner(expert: int, num_experts: int, ep_size: int) -> int:
 def placement(name: str, shape: Sequence[int], layout: ReceiverLayout) -> Placement:
     """Which receiver ranks hold public tensor ``name`` (of full ``shape``) and which slice each holds."""
     n = parse_name(name)
-    style, tp = TARGET_STYLE[n.target], layout.tp_size
+    style, tp = target_styles()[n.target], layout.tp_size
     if style == REPLICATED:
         return replicated(n.ab, shape, tp)
     if style == COLUMN:
@@ -304,7 +283,6 @@ class Route:
 @dataclass
 class RoutingPlan:
     layout: ReceiverLayout
-    num_senders: int
     version: int
     lora_name: str
     adapter_config: dict[str, Any]
@@ -384,17 +362,14 @@ class RoutingPlan:
 
 
 def _route_manifest(pieces: Sequence[Piece], plan_meta: Manifest, bucket_bytes: int) -> Manifest:
-    entries, offset = [], 0
-    for p in pieces:
-        entries.append(TensorEntry(p.key, p.dtype, p.shape, offset, p.nbytes, ""))
-        offset += align(p.nbytes)
+    entries, total_bytes = pack_entries((p.key, p.dtype, p.shape, p.nbytes, "") for p in pieces)
     return Manifest(
         version=plan_meta.version,
         lora_name=plan_meta.lora_name,
         adapter_config=dict(plan_meta.adapter_config),
-        tensors=tuple(entries),
+        tensors=entries,
         aliases={},
-        total_bytes=offset,
+        total_bytes=total_bytes,
         bucket_bytes=bucket_bytes,
     )
 
@@ -441,7 +416,6 @@ def plan_routes(
         routes.append(Route(k[0], k[1], tuple(pieces), _route_manifest(pieces, first, bucket_bytes)))
     return RoutingPlan(
         layout=layout,
-        num_senders=len(sender_manifests),
         version=first.version,
         lora_name=first.lora_name,
         adapter_config=dict(first.adapter_config),

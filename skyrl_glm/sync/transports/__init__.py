@@ -1,16 +1,25 @@
-"""Built-in sync transports, registered through the package's ``skyrl_glm`` entry point."""
+"""Built-in sync transports, registered through the package's ``skyrl_glm`` entry point.
+
+    base.py          the Transport contract (prepare -> stream -> release; receive)
+    shm.py           "cpu": shared-memory segments, sender and receiver on one host
+    collective.py    "nccl": a torch.distributed broadcast (NCCL between GPUs, gloo on CPU)
+    cuda_ipc.py      "ipc": CUDA IPC handles, sender and receiver on one GPU
+
+Registered by reference, so reading the registry imports no transport (nor torch); import a transport's module
+where it is used.
+"""
 
 from __future__ import annotations
 
 from skyrl_glm.plugins import hookimpl
-from skyrl_glm.sync.transports.base import Transport, TransportError
-from skyrl_glm.sync.transports.collective import CollectiveTransport
-from skyrl_glm.sync.transports.cuda_ipc import CudaIpcTransport
-from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
-__all__ = ["CollectiveTransport", "CudaIpcTransport", "SharedMemoryTransport", "Transport", "TransportError"]
+_BUILTIN = {
+    "cpu": "skyrl_glm.sync.transports.shm:SharedMemoryTransport",
+    "nccl": "skyrl_glm.sync.transports.collective:CollectiveTransport",
+    "ipc": "skyrl_glm.sync.transports.cuda_ipc:CudaIpcTransport",
+}
 
 
 @hookimpl
-def skyrl_glm_transports() -> list[tuple[str, type[Transport]]]:
-    return [(t.name, t) for t in (SharedMemoryTransport, CollectiveTransport, CudaIpcTransport)]
+def skyrl_glm_transports() -> list[tuple[str, str]]:
+    return list(_BUILTIN.items())

@@ -1,4 +1,5 @@
-"""Name and shape rules for a LoRA adapter in the layouts it passes through on the way trainer -> sampler.
+"""Reference conversions for the tests (no product code uses them): name and shape rules for a LoRA adapter in
+the layouts it passes through on the way trainer -> sampler.
 
 Four layouts of the same adapter (``W_e += scale * B_e @ A_e`` per module, ``scale = alpha / r``):
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -56,17 +56,6 @@ _PER_EXPERT_RE = re.compile(
 
 class LayoutError(ValueError):
     """An adapter does not fit the layout it was declared to be in, or cannot be expressed in the target layout."""
-
-
-@dataclass(frozen=True)
-class ExpertLora:
-    """One routed expert's adapter in standard orientation (``W += B @ A``); gate and up share ``fc1_a``."""
-
-    fc1_a: torch.Tensor  # [r, H]
-    gate_b: torch.Tensor  # [I, r]
-    up_b: torch.Tensor  # [I, r]
-    down_a: torch.Tensor  # [r, I]
-    down_b: torch.Tensor  # [H, r]
 
 
 def installed_peft_fused_layout() -> str:
