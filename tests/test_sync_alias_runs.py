@@ -17,7 +17,7 @@ from skyrl_glm.lora.bridge import adapter_config
 from skyrl_glm.sync.aliases import AliasRun, runs_of
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
-from skyrl_glm.sync.transports import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 E = "base_model.model.model.layers.3.mlp.experts."
 

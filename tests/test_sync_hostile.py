@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from skyrl_glm.sync.manifest import Manifest, ManifestError
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
-from skyrl_glm.sync.transports import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 from skyrl_glm.sync.update import UpdateResult
 
 CONFIG = {"r": 4, "lora_alpha": 8}
@@ -318,7 +318,7 @@ def test_half_done_prepare_leaves_no_segment(created):
 def _collective_proc(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from skyrl_glm.sync.transports import CollectiveTransport
+    from skyrl_glm.sync.transports.collective import CollectiveTransport
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     tx = CollectiveTransport()
