@@ -376,3 +376,13 @@ def test_a_plan_that_is_never_sent_leaves_no_segment(created):
     del p, publisher
     gc.collect()
     assert not os.path.exists(created[0])
+
+
+def test_a_plan_that_fails_after_staging_leaves_no_segment(created):
+    """The fold refuses a non-positive alpha after the stream was packed into the segment."""
+    from skyrl_glm.sync.publisher import InMemoryPublisher
+
+    publisher = InMemoryPublisher(None, SharedMemoryTransport())
+    with pytest.raises(ValueError, match="alpha must be positive"):
+        publisher.publish(adapter(), {"r": 4, "lora_alpha": -4}, 1)
+    assert len(created) == 1 and not os.path.exists(created[0])
