@@ -362,3 +362,27 @@ def test_manifest_error_for_a_bad_dataclass_value():
     with pytest.raises(ManifestError, match="version 18446744073709551616"):
         dataclasses.replace(m, version=2**64).validate()
     assert Manifest.from_json(m.to_json()) == m
+
+
+def test_a_plan_that_is_never_sent_leaves_no_segment(created):
+    """The publisher planned into a segment, then its caller gave up before sending (a fault that does not apply)."""
+    import gc
+
+    from skyrl_glm.sync.publisher import InMemoryPublisher
+
+    publisher = InMemoryPublisher(None, SharedMemoryTransport())
+    p = publisher.plan(adapter(), CONFIG, 1)
+    assert os.path.exists(created[0])
+    del p, publisher
+    gc.collect()
+    assert not os.path.exists(created[0])
+
+
+def test_a_plan_that_fails_after_staging_leaves_no_segment(created):
+    """The fold refuses a non-positive alpha after the stream was packed into the segment."""
+    from skyrl_glm.sync.publisher import InMemoryPublisher
+
+    publisher = InMemoryPublisher(None, SharedMemoryTransport())
+    with pytest.raises(ValueError, match="alpha must be positive"):
+        publisher.publish(adapter(), {"r": 4, "lora_alpha": -4}, 1)
+    assert len(created) == 1 and not os.path.exists(created[0])

@@ -46,16 +46,21 @@ class InMemoryPublisher:
         self.shared_storage = shared_storage
 
     def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
-        """Plan straight into the transport's staging memory (send it with :meth:`send` before the next plan)."""
-        return build_plan(
-            adapter,
-            adapter_config=adapter_config,
-            lora_name=self.lora_name,
-            version=version,
-            bucket_bytes=self.bucket_bytes,
-            staging=self.transport.staging,
-            shared_storage=self.shared_storage,
-        )
+        """Plan straight into the transport's staging memory (send it with :meth:`send` before the next plan); a
+        plan that fails half-way releases what it staged."""
+        try:
+            return build_plan(
+                adapter,
+                adapter_config=adapter_config,
+                lora_name=self.lora_name,
+                version=version,
+                bucket_bytes=self.bucket_bytes,
+                staging=self.transport.staging,
+                shared_storage=self.shared_storage,
+            )
+        except BaseException:
+            self.transport.release()
+            raise
 
     def _stage(self, plan: SyncPlan) -> tuple[float, float, dict[str, Any]]:
         t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 """Built-in sync transports, registered through the package's ``skyrl_glm`` entry point.
 
-    base.py          the Transport contract (prepare -> stream -> release; receive)
+    base.py          the Transport contract (sender: staging, prepare, stream, release; receiver: incoming_bytes,
+                     then receive or decline)
     shm.py           "cpu": shared-memory segments, sender and receiver on one host
     collective.py    "nccl": a torch.distributed broadcast (NCCL between GPUs, gloo on CPU)
     cuda_ipc.py      "ipc": CUDA IPC handles, sender and receiver on one GPU

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import stat
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
 
 SHM_DIR = "/dev/shm"
 _SEGMENT = re.compile(r"skyrl_glm_[0-9a-f]{32}")
+
+
+def _unlink(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(SHM_DIR, name))
 
 
 def _open_segment(handle: dict[str, Any]) -> tuple[int, int]:
@@ -64,6 +70,9 @@ class SharedMemoryTransport(Transport):
             raise
         finally:
             os.close(fd)
+        # A plan that is never sent (its publisher raised before send) still leaves no segment behind: the file
+        # goes with the last view of the mapping, or at exit, if release() did not unlink it first.
+        weakref.finalize(mapped, _unlink, name)
         buf = torch.frombuffer(mapped, dtype=torch.uint8)[:nbytes]
         self._segment = (name, buf)
         return buf
@@ -82,8 +91,7 @@ class SharedMemoryTransport(Transport):
         """Unlink the segment; its memory goes when the last view of it (the plan's tensors) is gone."""
         if self._segment is not None:
             name, self._segment = self._segment[0], None
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(SHM_DIR, name))
+            _unlink(name)
 
     def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
         fd, size = _open_segment(handle)
