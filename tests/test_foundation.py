@@ -106,7 +106,8 @@ class ToyTrainer:
 
 class ToySampler:
     def __init__(self):
-        self.rx, self.adapter, self.scale = AdapterReceiver(), None, 1.0
+        # No adapter loaded yet: a zero delta, the base model, as a real sampler serves it.
+        self.rx, self.adapter, self.scale = AdapterReceiver(), {A: torch.zeros(R, V), B: torch.zeros(V, R)}, 1.0
 
     def apply_update(self, manifest_json, handle, transport):
         try:
