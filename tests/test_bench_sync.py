@@ -112,7 +112,7 @@ def test_store_channel_carries_a_full_size_manifest():
         ),
         (["--rank", "0"], "--rank must be >= 1, got 0"),
         (["--json", "{file}/report.json"], "--json {file}/report.json: {file} is not a directory"),
-        (["--plot", "/"], "--plot /: is a directory"),
+        (["--plot", "/"], "--plot /: is a directory, not a file"),
     ],
     ids=["no-full-config", "rank-0", "unwritable-json", "plot-is-a-dir"],
 )

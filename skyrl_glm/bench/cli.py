@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from skyrl_glm.paths import output_path_error
+from skyrl_glm import strict_json
 from skyrl_glm.plugins import registry
+from skyrl_glm.usage import UsageError, writable_file
 
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
 
@@ -46,7 +45,13 @@ def argument_error(args: argparse.Namespace) -> str | None:
     family = registry().model(args.model)
     if args.config == "full" and family.full_config is None:
         return f"--config full: model family {args.model!r} has no full config (use --config tiny)"
-    return output_path_error("--json", args.json) or output_path_error("--plot", args.plot)
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            try:
+                writable_file(flag, path)
+            except UsageError as e:
+                return str(e)
+    return None
 
 
 def _cmd_bench_sync(args: argparse.Namespace) -> int:
@@ -62,8 +67,7 @@ def _cmd_bench_sync(args: argparse.Namespace) -> int:
     report = run_sync_bench(opts)
     print_report(report)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        strict_json.write(report, args.json, indent=1)
     if args.plot:
         plot_report(report, args.plot)
     return 0 if all(p["bit_exact"] for p in report["paths"].values()) else 1
