@@ -141,6 +141,12 @@ def build(
         )
         return _warm(side, probes, generate=False)
 
+    # Both sides import transformers, and through it accelerate, whose modules import each other in a cycle: two
+    # threads importing them at once can meet a half-initialised module (ImportError on a cold start, seen in CI).
+    # Import that shared stack here, in one thread, before the sides start.
+    import accelerate  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+
     with ThreadPoolExecutor(1, thread_name_prefix="check-trainer") as pool:
         trainer_side = pool.submit(trainer)
         sampler = plan.sampler_factory(
