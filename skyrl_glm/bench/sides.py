@@ -62,7 +62,7 @@ class Sender:
         )
         from skyrl.backends.skyrl_train.weight_sync.lora_target import dedupe_shared_expert_adapters
 
-        from skyrl_glm.sync.manifest import Manifest, align, views
+        from skyrl_glm.sync.manifest import Manifest, views
         from skyrl_glm.sync.plan import SyncPlan, layout, pack_into
 
         # What SkyRL's Megatron worker passes: one adapter per EP rank's experts (EP 1 here) when shared, else 1.
@@ -75,8 +75,7 @@ class Sender:
         synchronize(self.device)
         t2 = time.perf_counter()
         # The sent tensors packed into the transport's buffer (counted as transfer, as SkyRL's transfer engine packs).
-        entries = layout(folded, ["0" * 32] * len(folded))  # SkyRL sends no checksums: a placeholder
-        total = entries[-1].offset + align(entries[-1].nbytes) if entries else 0
+        entries, total = layout(folded, ["0" * 32] * len(folded))  # SkyRL sends no checksums: a placeholder
         buffer = self.transport.staging(total, self.device)
         pack_into(buffer, entries, list(folded.values()))
         synchronize(self.device)

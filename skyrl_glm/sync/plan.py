@@ -40,7 +40,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 from skyrl_glm.sync.aliases import AliasRun, runs_of
 from skyrl_glm.sync.checksum import int32_words, span_checks
 from skyrl_glm.sync.compare import equal_pairs
-from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, align, dtype_name, pack_entries, views
+from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
 from skyrl_glm.sync.nogc import paused_gc
 
 DEFAULT_BUCKET_BYTES = 512 << 20
@@ -333,14 +333,16 @@ def zeroed(nbytes: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(nbytes, dtype=torch.uint8, device=device)
 
 
-def layout(tensors: Mapping[str, torch.Tensor], checksums: Sequence[str] | None = None) -> list[TensorEntry]:
-    """Entries at 64-byte aligned offsets, in the order given."""
+def layout(
+    tensors: Mapping[str, torch.Tensor], checksums: Sequence[str] | None = None
+) -> tuple[list[TensorEntry], int]:
+    """``(entries, total_bytes)``: entries at 64-byte aligned offsets, in the order given."""
     sums = checksums if checksums is not None else [""] * len(tensors)
-    entries, _ = pack_entries(
+    entries, total = pack_entries(
         (name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), cs)
         for (name, t), cs in zip(tensors.items(), sums, strict=True)
     )
-    return list(entries)
+    return list(entries), total
 
 
 def pack_into(buffer: torch.Tensor, entries: Sequence[TensorEntry], tensors: Sequence[torch.Tensor]) -> None:
@@ -426,8 +428,7 @@ def _build_plan(
         return is_b, dtype_name(dedup.unique[name].dtype) if is_b else ""
 
     ordered = {n: dedup.unique[n] for n in sorted(dedup.unique, key=place)}
-    entries = layout(ordered)
-    total = entries[-1].offset + align(entries[-1].nbytes) if entries else 0
+    entries, total = layout(ordered)
     buffer = staging(total, device)
     pack_into(buffer, entries, list(ordered.values()))
     synchronize(buffer.device)
