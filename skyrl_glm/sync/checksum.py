@@ -5,19 +5,19 @@ wraparound: the plain sum and a position-weighted sum, weight ``pos % 251 + 1`` 
 addition modulo 2**64 is exact in any order, so the sender's GPU and the receiver's GPU (or CPU) agree bit for
 bit. This detects corruption and truncation on the data channel; it is not a cryptographic hash.
 
-:func:`span_checks` works on a packed stream (the sender's buffer, the receiver's staging buffer): on CUDA one
-Triton kernel computes both sums and a NaN/inf flag for every tensor of the stream at once (one launch, one host
-transfer); elsewhere numpy reductions per tensor. :func:`checksums` packs loose tensors (routing pieces) first.
+One computation, three uses: :func:`span_checks` over a packed stream (the sender's buffer, the receiver's
+staging buffer), :func:`checksums` of loose tensors (routing pieces), and :func:`fingerprints`, the sums the
+sender's dedup groups candidate duplicates by. On CUDA one Triton kernel reads every tensor through a table of
+addresses (one launch, one host transfer for any number of tensors); elsewhere numpy reductions per tensor.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-
-from skyrl_glm.sync.manifest import dtype_name
 
 _WEIGHT_PERIOD = 251
 _MASK = 0xFFFFFFFFFFFFFFFF
@@ -25,32 +25,80 @@ _MASK = 0xFFFFFFFFFFFFFFFF
 _EXPONENT = {"float32": (0x7F800000, 32), "bfloat16": (0x7F80, 16), "float16": (0x7C00, 16)}
 _KIND = {"float32": 0, "bfloat16": 1, "float16": 2}
 
-
-def int32_words(raw: torch.Tensor) -> torch.Tensor:
-    """``uint8`` bytes (last dim) read as int32 words, the last dim zero-padded to a multiple of 4 bytes."""
-    pad = (-raw.shape[-1]) % 4
-    return (torch.nn.functional.pad(raw, (0, pad)) if pad else raw).view(torch.int32)
-
-
-def _fmt(sums: list[list[int]]) -> list[str]:
-    return [f"{a & _MASK:016x}{b & _MASK:016x}" for a, b in sums]
-
-
-def checksums(tensors: Sequence[torch.Tensor]) -> list[str]:
-    """One checksum string per tensor (packed into one zeroed stream, then :func:`span_checks`)."""
-    if not tensors:
-        return []
-    spans, offset = [], 0
-    for t in tensors:
-        spans.append((offset, t.numel() * t.element_size(), dtype_name(t.dtype)))
-        offset += (spans[-1][1] + 63) // 64 * 64
-    stream = torch.zeros(offset, dtype=torch.uint8, device=tensors[0].device)
-    for (o, n, _), t in zip(spans, tensors, strict=True):
-        stream[o : o + n].copy_(t.reshape(-1).view(torch.uint8))
-    return span_checks(stream, spans)[0]
-
-
 Span = tuple[int, int, str]  # (byte offset, nbytes, dtype name); offsets are multiples of 4
+
+
+def _fmt(sums: Sequence[Sequence[int]]) -> list[str]:
+    return [f"{a & _MASK:016x}{b & _MASK:016x}" for a, b, *_ in sums]
+
+
+def _word_sums(words: np.ndarray) -> tuple[int, int]:
+    """``(plain, weighted)`` of one tensor's int32 words (numpy: int64 accumulation without an int64 copy; column
+    sums of a ``[-1, 251]`` view weighted once instead of a weight per word)."""
+    weights = np.arange(1, _WEIGHT_PERIOD + 1, dtype=np.int64)
+    k = words.size - words.size % _WEIGHT_PERIOD
+    cols = words[:k].reshape(-1, _WEIGHT_PERIOD).sum(0, dtype=np.int64)
+    tail = words[k:].astype(np.int64)
+    plain = int(cols.sum()) + int(tail.sum())
+    return plain, int((cols * weights).sum()) + int((tail * weights[: tail.size]).sum())
+
+
+def _finite(words: np.ndarray, dtype: str) -> bool:
+    mask, bits = _EXPONENT[dtype]
+    values = words.view(np.int16) if bits == 16 else words
+    return not bool(((values & mask) == mask).any())
+
+
+_TRITON: list = []
+_BLOCK = 4096  # words per step of one program
+_SPLIT = 16  # programs per tensor (each strides over its tensor)
+
+
+def _kernel():
+    """The Triton kernel (built on first use)."""
+    if not _TRITON:
+        import triton  # comes with PyTorch's CUDA builds
+        import triton.language as tl
+
+        @triton.jit
+        def checks_kernel(addrs, counts, kinds, out, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+            i = tl.program_id(0)
+            first = tl.program_id(1).to(tl.int64) * BLOCK
+            n = tl.load(counts + i)
+            if first < n:
+                words = tl.load(addrs + i).to(tl.pointer_type(tl.int32))
+                kind = tl.load(kinds + i)
+                plain = tl.zeros([BLOCK], dtype=tl.int64)
+                weighted = tl.zeros([BLOCK], dtype=tl.int64)
+                bad = tl.zeros([BLOCK], dtype=tl.int64)
+                for lo in range(first, n, SPLIT * BLOCK):
+                    pos = lo + tl.arange(0, BLOCK).to(tl.int64)
+                    w = tl.load(words + pos, mask=pos < n, other=0).to(tl.int64)
+                    plain += w
+                    weighted += w * (pos % 251 + 1)
+                    lo16 = w & 0xFFFF
+                    hi16 = (w >> 16) & 0xFFFF
+                    bad32 = (w & 0x7F800000) == 0x7F800000
+                    bad_bf = ((lo16 & 0x7F80) == 0x7F80) | ((hi16 & 0x7F80) == 0x7F80)
+                    bad_fp = ((lo16 & 0x7C00) == 0x7C00) | ((hi16 & 0x7C00) == 0x7C00)
+                    bad += tl.where(kind == 0, bad32, tl.where(kind == 1, bad_bf, bad_fp)).to(tl.int64)
+                tl.atomic_add(out + i * 3, tl.sum(plain, axis=0))
+                tl.atomic_add(out + i * 3 + 1, tl.sum(weighted, axis=0))
+                tl.atomic_add(out + i * 3 + 2, tl.sum(bad, axis=0))
+
+        _TRITON.append(checks_kernel)
+    return _TRITON[0]
+
+
+def _checks_cuda(device: torch.device, addrs: np.ndarray, words: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """``int64 [n, 3]``: plain sum, weighted sum, count of non-finite values of the ``words[i]`` int32 words at
+    ``addrs[i]`` (4-byte aligned device addresses)."""
+    n = len(addrs)
+    table = torch.from_numpy(np.stack([addrs, words, kinds]).astype(np.int64)).to(device)
+    out = torch.zeros(n, 3, dtype=torch.int64, device=device)
+    split = int(min(_SPLIT, max(1, -(-int(words.max(initial=0)) // _BLOCK))))
+    _kernel()[(n, split)](table[0], table[1], table[2], out, SPLIT=split, BLOCK=_BLOCK)
+    return out.cpu().numpy()
 
 
 def span_checks(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str], list[bool]]:
@@ -59,77 +107,49 @@ def span_checks(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str],
     if not spans:
         return [], []
     if stream.is_cuda:
-        return _span_checks_triton(stream, spans)
-    return _span_checks_numpy(stream, spans)
-
-
-def _span_checks_numpy(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str], list[bool]]:
-    """Off the GPU: numpy reductions (int64 accumulation without an int64 copy of the stream; column sums of a
-    ``[-1, 251]`` view weighted once instead of a weight per word)."""
+        offsets, nbytes, dtypes = zip(*spans, strict=True)
+        res = _checks_cuda(
+            stream.device,
+            np.asarray(offsets, dtype=np.int64) + stream.data_ptr(),
+            (np.asarray(nbytes, dtype=np.int64) + 3) // 4,
+            np.fromiter(map(_KIND.__getitem__, dtypes), dtype=np.int64, count=len(spans)),
+        ).tolist()
+        return _fmt(res), [r[2] == 0 for r in res]
     end = max(o + (n + 3) // 4 * 4 for o, n, _ in spans)
     words = stream[:end].numpy().view(np.int32)
-    weights = np.arange(1, _WEIGHT_PERIOD + 1, dtype=np.int64)
-    sums, finite = [], []
-    for offset, nbytes, dtype in spans:
-        w = words[offset // 4 : (offset + nbytes + 3) // 4]
-        k = w.size - w.size % _WEIGHT_PERIOD
-        cols = w[:k].reshape(-1, _WEIGHT_PERIOD).sum(0, dtype=np.int64)
-        tail = w[k:].astype(np.int64)
-        plain = int(cols.sum()) + int(tail.sum())
-        weighted = int((cols * weights).sum()) + int((tail * weights[: tail.size]).sum())
-        sums.append([plain, weighted])
-        mask, bits = _EXPONENT[dtype]
-        values = w.view(np.int16) if bits == 16 else w
-        finite.append(not bool(((values & mask) == mask).any()))
-    return _fmt(sums), finite
+    spans_words = [(words[o // 4 : (o + n + 3) // 4], dt) for o, n, dt in spans]
+    return _fmt([_word_sums(w) for w, _ in spans_words]), [_finite(w, dt) for w, dt in spans_words]
 
 
-_TRITON: list = []
+def checksums(tensors: Sequence[torch.Tensor]) -> list[str]:
+    """One checksum string per tensor, as :func:`span_checks` gives it for the tensor in a packed stream."""
+    return _fmt(fingerprints(tensors).tolist())
 
 
-def _triton():
-    """The Triton kernel (built on first use)."""
-    if not _TRITON:
-        import triton  # comes with PyTorch's CUDA builds
-        import triton.language as tl
-
-        @triton.jit
-        def span_kernel(words, starts, counts, kinds, out, BLOCK: tl.constexpr):
-            span = tl.program_id(0)
-            lo = tl.program_id(1).to(tl.int64) * BLOCK
-            n = tl.load(counts + span)
-            if lo < n:
-                pos = lo + tl.arange(0, BLOCK).to(tl.int64)
-                inside = pos < n
-                w32 = tl.load(words + tl.load(starts + span) + pos, mask=inside, other=0)
-                w = w32.to(tl.int64)
-                weight = pos % 251 + 1
-                tl.atomic_add(out + span * 3, tl.sum(w, axis=0))
-                tl.atomic_add(out + span * 3 + 1, tl.sum(w * weight, axis=0))
-                kind = tl.load(kinds + span)
-                lo16 = w & 0xFFFF
-                hi16 = (w >> 16) & 0xFFFF
-                bad32 = (w & 0x7F800000) == 0x7F800000
-                bad_bf = ((lo16 & 0x7F80) == 0x7F80) | ((hi16 & 0x7F80) == 0x7F80)
-                bad_fp = ((lo16 & 0x7C00) == 0x7C00) | ((hi16 & 0x7C00) == 0x7C00)
-                bad = tl.where(kind == 0, bad32, tl.where(kind == 1, bad_bf, bad_fp))
-                tl.atomic_add(out + span * 3 + 2, tl.sum(bad.to(tl.int64), axis=0))
-
-        _TRITON.append(span_kernel)
-    return _TRITON[0]
+def word_aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its bytes can be read as int32 words in place (contiguous, 4-byte aligned, a multiple of 4
+    bytes), else a zero-padded ``uint8`` copy that can."""
+    if t.is_contiguous() and t.data_ptr() % 4 == 0 and t.nbytes % 4 == 0:
+        return t
+    out = torch.zeros((t.nbytes + 3) // 4 * 4, dtype=torch.uint8, device=t.device)
+    out[: t.nbytes].copy_(t.contiguous().reshape(-1).view(torch.uint8))
+    return out
 
 
-_BLOCK = 4096  # words per program
+def fingerprints(tensors: Sequence[torch.Tensor]) -> np.ndarray:
+    """``int64 [n, 2]``: the plain and weighted sums of each tensor (its checksum as integers), on any device."""
+    views = [word_aligned(t) for t in tensors]
+    if views and views[0].is_cuda:
+        n = len(views)
+        addrs = np.fromiter(map(torch.Tensor.data_ptr, views), np.int64, n)
+        return sums_at(views[0].device, addrs, np.fromiter(map(operator.attrgetter("nbytes"), views), np.int64, n) // 4)
+    out = np.zeros((len(views), 2), dtype=np.int64)
+    for i, v in enumerate(views):
+        out[i] = _word_sums(v.reshape(-1).view(torch.uint8).numpy().view(np.int32))
+    return out
 
 
-def _span_checks_triton(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str], list[bool]]:
-    kernel = _triton()
-    n = len(spans)
-    rows = [[o // 4, (nb + 3) // 4, _KIND[dt]] for o, nb, dt in spans]
-    table = torch.tensor(rows, dtype=torch.int64).t().contiguous().to(stream.device)
-    words = stream[: stream.numel() // 4 * 4].view(torch.int32)
-    out = torch.zeros(n, 3, dtype=torch.int64, device=stream.device)
-    most = max((nb + 3) // 4 for _, nb, _ in spans)
-    kernel[(n, (most + _BLOCK - 1) // _BLOCK)](words, table[0], table[1], table[2], out, BLOCK=_BLOCK)
-    res = out.cpu().tolist()
-    return _fmt([r[:2] for r in res]), [r[2] == 0 for r in res]
+def sums_at(device: torch.device, addrs: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """:func:`fingerprints` of the ``words[i]`` int32 words at CUDA addresses ``addrs[i]`` (4-byte aligned), for
+    callers that already hold the addresses (no Python work per tensor)."""
+    return _checks_cuda(device, addrs, words, np.zeros(len(addrs), dtype=np.int64))[:, :2]

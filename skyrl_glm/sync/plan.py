@@ -3,13 +3,8 @@
 Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT state dict or Megatron-Bridge's
 ``export_adapter_weights``. Work is per unique tensor, not per public name:
 
-* **Dedup, exact.** Names showing one storage view are one sent tensor; no value is compared. When the exporter
-  declares its sharing (``shared_storage``: Bridge's ``share_expert_adapters`` hands out one tensor under every
-  expert name), that is all. Otherwise equality is *proven* within candidate groups (one (layer, A/B): the
-  experts' adapters and the fused modules' shared ``lora_A``) in batches: each candidate against its predecessor,
-  then the first of each run of equals by fingerprint (exact int64 word sums) and comparison against earlier
-  values. A fingerprint never decides alone; each phase costs one host sync for all groups. Duplicates are dropped
-  per chunk, so sender memory stays near the unique adapter.
+* **Dedup, exact** (:mod:`skyrl_glm.sync.dedup`): names showing one storage view are one sent tensor; other
+  equal values are proven equal byte for byte, unless the exporter declares its sharing (``shared_storage``).
 * **Alias runs.** Each sent tensor's public names become :class:`~skyrl_glm.sync.aliases.AliasRun` rules
   (expert-index ranges) plus a few explicit aliases: a ~0.3 MB manifest instead of a 17 MB map.
 * **Pack, fold, checksum on the packed stream.** The unique tensors are copied once into the stream buffer (the
@@ -21,15 +16,11 @@ Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT stat
 
 from __future__ import annotations
 
-import itertools
-import operator
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
     LORA_B_SUFFIX,
@@ -38,257 +29,14 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 )
 
 from skyrl_glm.sync.aliases import AliasRun, runs_of
-from skyrl_glm.sync.checksum import int32_words, span_checks
-from skyrl_glm.sync.compare import equal_pairs
+from skyrl_glm.sync.checksum import span_checks
+from skyrl_glm.sync.dedup import deduplicate
 from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
 from skyrl_glm.sync.nogc import paused_gc
 
 DEFAULT_BUCKET_BYTES = 512 << 20
-_CHUNK = 2048  # pending candidates of one group decided together (bounds what duplicates hold)
-_SLICE = 16384  # stream pairs grouped by object at once
-_STACK_BYTES = 1 << 30  # at most this much stacked per comparison
 
 Staging = Callable[[int, torch.device], torch.Tensor]
-
-
-def expert_group(name: str) -> str | None:
-    """Candidate group of a per-expert name (the expert index wildcarded); ``None`` for other names."""
-    i = name.find(".experts.")
-    j = name.find(".", i + 9) if i >= 0 else -1
-    if j < 0 or not name[i + 9 : j].isdigit():
-        return None
-    return f"{name[: i + 9]}*{name[j:]}"
-
-
-def candidate_group(name: str) -> str | None:
-    """Names whose values may be equal: one (layer, A/B). Covers the experts of a layer sharing one adapter and the
-    fused ``linear_fc1`` / ``linear_qkv`` ``lora_A`` that Bridge exports under every member (gate and up, q/k/v) even
-    when the exporter hands out copies. Per-expert names outside a layer fall back to :func:`expert_group`."""
-    i = name.find(".layers.")
-    j = name.find(".", i + 8) if i >= 0 else -1
-    if j > 0 and name[i + 8 : j].isdigit():
-        for ab in (".lora_A.", ".lora_B."):
-            if ab in name:
-                return name[:j] + ".*" + ab
-    return expert_group(name)
-
-
-def _view_key(t: torch.Tensor) -> tuple:
-    # data_ptr() already includes the storage offset.
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
-
-
-@dataclass(slots=True)
-class _Storage:
-    """One distinct storage view of the stream and every public name that shows it (stream order)."""
-
-    tensor: torch.Tensor
-    names: list[str]
-    key: tuple  # its view key
-
-
-@dataclass
-class _Group:
-    values: dict[tuple, list[_Storage]] = field(default_factory=dict)  # (shape, dtype) -> its unique values
-    prints: dict[tuple, _Storage] = field(default_factory=dict)  # (shape, dtype, fingerprint) -> unique value
-    printed: set[int] = field(default_factory=set)  # ids of the unique values whose fingerprint is in ``prints``
-    pending: list[_Storage] = field(default_factory=list)
-    last: dict[tuple, _Storage] = field(default_factory=dict)  # (shape, dtype) -> the last candidate's value
-
-
-@dataclass
-class Dedup:
-    """Result of deduplication: the tensors to send, each with every public name that shows it."""
-
-    unique: dict[str, torch.Tensor]  # sent name (its first public name) -> tensor
-    names: dict[str, list[str]]  # sent name -> its public names (the sent name first)
-    public_count: int
-    public_bytes: int
-
-    @property
-    def aliases(self) -> dict[str, str]:
-        """``{public: sent}`` for every alias, expanded (tests, small adapters)."""
-        return {p: sent for sent, names in self.names.items() for p in names[1:]}
-
-
-def _fingerprints(stacked: torch.Tensor) -> torch.Tensor:
-    """Per row, the int64 sum of its bytes read as int32 words (exact, order independent: equal rows, equal
-    prints). Only a filter that finds candidates: equality itself is always decided by comparing values."""
-    return int32_words(stacked.reshape(stacked.shape[0], -1).view(torch.uint8)).sum(1, dtype=torch.int64)
-
-
-def _stacked(tensors: Sequence[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
-    """``(first index, stacked chunk)``, each chunk at most ``_STACK_BYTES``."""
-    per = max(1, _STACK_BYTES // max(1, tensors[0].numel() * tensors[0].element_size()))
-    for i in range(0, len(tensors), per):
-        yield i, torch.stack(list(tensors[i : i + per]))
-
-
-def _host(flags: list[torch.Tensor]) -> list[bool]:
-    return torch.cat([f.to("cpu") for f in flags]).tolist() if flags else []
-
-
-class _Deduper:
-    def __init__(self, declared: bool) -> None:
-        self.declared = declared
-        self.groups: dict[str, _Group] = {}
-        self.sent: list[_Storage] = []
-        self.by_view: dict[tuple, _Storage] = {}
-        self.by_object: dict[int, _Storage] = {}
-
-    def keep(self, group: _Group, meta: tuple, s: _Storage) -> None:
-        group.values.setdefault(meta, []).append(s)
-        self.sent.append(s)
-
-    def drop(self, dup: _Storage, ref: _Storage) -> None:
-        """``dup`` equals ``ref``: its names show ``ref``. Once the exporter frees ``dup`` its address may come back
-        with another value, so its view key and object id are forgotten."""
-        ref.names.extend(dup.names)
-        if self.by_view.get(dup.key) is dup:
-            del self.by_view[dup.key]
-        if self.by_object.get(id(dup.tensor)) is dup:
-            del self.by_object[id(dup.tensor)]
-
-    def resolve(self, groups: Iterable[_Group]) -> None:
-        """Decide the pending candidates of ``groups``, stream order kept per (group, shape, dtype):
-
-        1. each candidate against the one before it (exporter copies come in runs: expert after expert), in stacked
-           comparisons; a candidate equal to its predecessor takes its value;
-        2. the first candidate of each run of equals (a *head*) by fingerprint against every earlier value;
-        3. heads with an equal fingerprint compared with that value: equal, an alias; else a new value.
-
-        One host sync per phase for all groups together."""
-        todo: list[tuple[_Group, tuple, list[_Storage]]] = []
-        for group in groups:
-            by_meta: dict[tuple, list[_Storage]] = {}
-            for s in group.pending:
-                by_meta.setdefault((tuple(s.tensor.shape), s.tensor.dtype), []).append(s)
-            group.pending = []
-            todo += [(group, meta, members) for meta, members in by_meta.items()]
-        if not todo:
-            return
-        # (1) each candidate against its predecessor (for the first: the value of the previous batch's last one; never
-        # a dropped duplicate, whose memory the exporter may have reused)
-        left: list[torch.Tensor] = []
-        right: list[torch.Tensor] = []
-        for group, meta, members in todo:
-            chain = [group.last[meta].tensor] if meta in group.last else []
-            chain += [m.tensor for m in members]
-            left += chain[1:]
-            right += chain[:-1]
-        equal = iter(_host([equal_pairs(left, right)]))
-        rep: dict[int, _Storage] = {}  # id(candidate) -> the head of its run, or the decided value
-        heads: list[tuple[_Group, tuple, _Storage]] = []
-        for group, meta, members in todo:
-            prev = group.last.get(meta)
-            for i, m in enumerate(members):
-                if (i > 0 or prev is not None) and next(equal):
-                    rep[id(m)] = rep[id(members[i - 1])] if i > 0 else prev
-                else:
-                    rep[id(m)] = m
-                    heads.append((group, meta, m))
-        # (2) heads by fingerprint against every earlier value (those without a fingerprint get one now)
-        prints, unprinted = [], []
-        for group, meta, head in heads:
-            new = [v for v in group.values.get(meta, []) if id(v) not in group.printed]
-            group.printed.update(id(v) for v in new)
-            unprinted.append(new)
-            for _, st in _stacked([v.tensor for v in [*new, head]]):
-                prints.append(_fingerprints(st))
-        fps = iter(torch.cat([p.to("cpu") for p in prints]).tolist() if prints else [])
-        pairs: dict[tuple, list[tuple[_Storage, _Storage]]] = {}
-        for (group, meta, head), new in zip(heads, unprinted, strict=True):
-            for v in new:
-                group.prints.setdefault((meta, next(fps)), v)
-            ref = group.prints.get((meta, fp := next(fps)))
-            if ref is None:
-                group.prints[(meta, fp)] = head
-                group.printed.add(id(head))
-                self.keep(group, meta, head)
-            else:
-                pairs.setdefault(meta, []).append((head, ref))
-        # (3) equal fingerprints: compare the values
-        flat = [p for ps in pairs.values() for p in ps]
-        equal = iter(_host([equal_pairs([h.tensor for h, _ in flat], [r.tensor for _, r in flat])]))
-        value: dict[int, _Storage] = {}  # id(head) -> its value
-        for meta, ps in pairs.items():
-            for head, ref in ps:
-                if next(equal):
-                    value[id(head)] = ref
-                else:  # a fingerprint collision: a distinct value after all
-                    group = next(g for g, m, h in heads if h is head)
-                    self.keep(group, meta, head)
-        # every candidate now has a value: itself (kept) or an earlier one
-        for group, meta, members in todo:
-            for m in members:
-                r = rep[id(m)]
-                v = value.get(id(r), r)
-                if v is not m:
-                    self.drop(m, v)
-            last = rep[id(members[-1])]
-            group.last[meta] = value.get(id(last), last)
-
-    def add(self, name_group: list[str], t: torch.Tensor) -> None:
-        """Names of one tensor object (stream order): onto its storage, or a new storage (a candidate when the
-        exporter declared no sharing)."""
-        s = self.by_object.get(id(t))
-        if s is not None and s.tensor is t:
-            s.names += name_group
-            return
-        key = _view_key(t)
-        s = self.by_view.get(key)
-        if s is not None:
-            s.names += name_group
-            return
-        s = self.by_view[key] = self.by_object[id(t)] = _Storage(t, name_group, key)
-        gname = None if self.declared else candidate_group(name_group[0])
-        if gname is None:
-            self.sent.append(s)
-            return
-        group = self.groups.setdefault(gname, _Group())
-        group.pending.append(s)
-        if len(group.pending) >= _CHUNK:
-            self.resolve([group])
-
-    def run(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Dedup:
-        """Per slice of the stream, names are grouped by tensor object in bulk (numpy over object ids), so the
-        Python work is per distinct object, not per public name."""
-        count = 0
-        stream = iter(pairs)
-        while chunk := list(itertools.islice(stream, _SLICE)):
-            count += len(chunk)
-            names, tensors = zip(*chunk, strict=True)
-            ids = np.fromiter(map(id, tensors), dtype=np.uint64, count=len(tensors))
-            _, first, inverse, sizes = np.unique(ids, return_index=True, return_inverse=True, return_counts=True)
-            by_object = operator.itemgetter(*np.argsort(inverse, kind="stable").tolist())(names)
-            if len(chunk) == 1:
-                by_object = (by_object,)
-            ends = np.cumsum(sizes).tolist()
-            starts = [0, *ends[:-1]]
-            for k in np.argsort(first, kind="stable").tolist():  # objects in order of first appearance
-                self.add(list(by_object[starts[k] : ends[k]]), tensors[first[k]])
-        self.resolve(self.groups.values())
-        seen = set(itertools.chain.from_iterable(s.names for s in self.sent))
-        if len(seen) != count:
-            repeated = Counter(itertools.chain.from_iterable(s.names for s in self.sent)).most_common(1)[0][0]
-            raise ValueError(f"adapter stream repeats the name {repeated!r}")
-        public_bytes = sum(s.tensor.numel() * s.tensor.element_size() * len(s.names) for s in self.sent)
-        return Dedup(
-            unique={s.names[0]: s.tensor for s in self.sent},
-            names={s.names[0]: s.names for s in self.sent},
-            public_count=count,
-            public_bytes=public_bytes,
-        )
-
-
-def deduplicate(
-    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], *, shared_storage: bool = False
-) -> Dedup:
-    """``shared_storage``: the exporter declares that it hands out one storage for all names of one tensor
-    (Megatron-Bridge ``share_expert_adapters``), so distinct storages are distinct tensors and no value is
-    compared. Without it, equality is proven within candidate groups. Exact either way: a wrong declaration
-    only sends a duplicate."""
-    return _Deduper(shared_storage).run(adapter.items() if isinstance(adapter, Mapping) else adapter)
 
 
 def alias_rules(names: Mapping[str, list[str]]) -> tuple[dict[str, str], list[AliasRun]]:

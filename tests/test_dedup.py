@@ -1,0 +1,104 @@
+"""Exact dedup (``skyrl_glm.sync.dedup``): values proven equal, views recognised across slices, collisions and
+reused addresses never alias unequal tensors. CPU here; ``test_checksum_gpu.py`` runs the CUDA branch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from skyrl_glm.sync import dedup
+from skyrl_glm.sync.dedup import SLICE, deduplicate
+
+
+def test_reused_address_of_a_dropped_duplicate_is_not_aliased():
+    """An exporter that hands out copies frees each duplicate once dedup is done with its slice; the allocator may
+    then give the same address (shape, stride, dtype) to a later tensor holding another value. Simulated by writing
+    a new value into a dropped duplicate and yielding it again, in the next slice."""
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randn(4, 8, generator=g)
+    copies = [shared.clone() for _ in range(SLICE)]  # one slice: all but the first become aliases
+
+    def stream():
+        for e, t in enumerate(copies):
+            yield f"model.layers.1.mlp.experts.{e}.gate_proj.lora_A.weight", t
+        reused = copies[-1]  # dropped by dedup as a duplicate of expert 0
+        reused.copy_(torch.randn(4, 8, generator=g))  # "freed and reallocated" with a new value
+        yield "model.layers.1.mlp.experts.999999.up_proj.lora_A.weight", reused
+
+    d = deduplicate(stream())
+    new = "model.layers.1.mlp.experts.999999.up_proj.lora_A.weight"
+    assert new in d.unique, "a new value at a reused address was aliased to a dropped tensor"
+    assert torch.equal(d.unique[new], copies[-1])
+    assert len(d.unique) == 2
+    assert d.names["model.layers.1.mlp.experts.0.gate_proj.lora_A.weight"][-1] == (
+        f"model.layers.1.mlp.experts.{SLICE - 1}.gate_proj.lora_A.weight"
+    )
+
+
+def test_fused_lora_a_copies_dedup_across_projections():
+    """Bridge exports fc1's linear_in under gate_proj and up_proj: copies of it are one sent tensor."""
+    a = torch.randn(4, 8)
+    d = deduplicate(
+        [
+            ("model.layers.0.mlp.gate_proj.lora_A.weight", a.clone()),
+            ("model.layers.0.mlp.up_proj.lora_A.weight", a.clone()),
+            ("model.layers.0.mlp.down_proj.lora_A.weight", torch.randn(4, 8)),
+        ]
+    )
+    assert len(d.unique) == 2
+    assert d.aliases == {"model.layers.0.mlp.up_proj.lora_A.weight": "model.layers.0.mlp.gate_proj.lora_A.weight"}
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_one_object_across_slices_is_one_tensor(declared):
+    t = torch.randn(3, 5)
+    names = [f"m.layers.0.mlp.experts.{e}.up_proj.lora_A.weight" for e in range(SLICE + 10)]
+    d = deduplicate(((n, t) for n in names), shared_storage=declared)
+    assert list(d.names) == [names[0]] and d.names[names[0]] == names
+    assert d.public_count == len(names) and d.public_bytes == len(names) * t.nbytes
+
+
+def test_views_of_one_storage_are_one_tensor_without_comparing(monkeypatch):
+    """Separate view objects of one storage view (what an exporter may hand out per expert) need no proof."""
+    t = torch.randn(4, 6)
+    printed: list[int] = []
+    real = dedup.fingerprints
+    monkeypatch.setattr(dedup, "fingerprints", lambda ts: printed.append(len(ts)) or real(ts))
+    d = deduplicate({f"x.experts.{e}.w.lora_A.weight": t.view(4, 6) for e in range(5)})
+    assert len(d.unique) == 1 and len(d.aliases) == 4
+    assert printed == [1]  # the first view only: the others are known by address
+
+
+def test_equal_bytes_other_shape_or_dtype_are_distinct():
+    z = torch.zeros(4, 8)
+    d = deduplicate({"a": z, "b": torch.zeros(8, 4), "c": torch.zeros(4, 8, dtype=torch.int32), "d": z.clone()})
+    assert set(d.unique) == {"a", "b", "c"} and d.aliases == {"d": "a"}
+
+
+def test_forced_fingerprint_collisions_never_alias_unequal_values(monkeypatch):
+    """Every tensor gets one fingerprint: each candidate is compared with every value of that print in turn."""
+    real = dedup.fingerprints
+    monkeypatch.setattr(dedup, "fingerprints", lambda ts: real(ts) * 0)
+    g = torch.Generator().manual_seed(3)
+    values = [torch.randn(2, 3, generator=g) for _ in range(4)]
+    stream = [(f"n{i}", values[i % 4].clone()) for i in range(12)]
+    d = deduplicate(stream)
+    assert list(d.names) == ["n0", "n1", "n2", "n3"]
+    assert d.names["n2"] == ["n2", "n6", "n10"]
+
+
+def test_non_contiguous_and_odd_sized_tensors_are_compared_by_their_bytes():
+    base = torch.arange(24, dtype=torch.bfloat16).reshape(4, 6)
+    odd = torch.ones(3, dtype=torch.bfloat16)  # 6 bytes: read through a zero-padded copy
+    d = deduplicate(
+        {"t": base.t(), "t2": base.t().contiguous(), "odd": odd, "odd2": odd.clone(), "odd3": odd * 2}
+    )
+    assert d.aliases == {"t2": "t", "odd2": "odd"}
+    assert set(d.unique) == {"t", "odd", "odd3"}
+
+
+def test_repeated_name_across_slices_is_refused():
+    t = torch.ones(2)
+    names = [f"w{i}" for i in range(SLICE)] + ["w7"]
+    with pytest.raises(ValueError, match="repeats the name 'w7'"):
+        deduplicate((n, t.clone()) for n in names)
