@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from skyrl_glm.sync.checksum import span_checks
+from skyrl_glm.sync.checksum import checksums, fingerprints, span_checks
 from skyrl_glm.sync.compare import equal_pairs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -53,3 +53,45 @@ def test_equal_pairs_cuda_equals_cpu(offset):
     gpu = equal_pairs([t.cuda() for t in left], [t.cuda() for t in right]).cpu().tolist()
     assert gpu == cpu
     assert [i for i, ok in enumerate(cpu) if not ok] == list(range(0, 300, 7))
+
+
+def test_fingerprints_cuda_equal_cpu_and_checksums():
+    stream, spans = _stream(2)
+    tensors = [stream[o : o + n] for o, n, _ in spans]
+    tensors.append(torch.randn(9, 7).to(torch.bfloat16).t())  # non-contiguous, odd-sized: a padded copy
+    cpu = fingerprints(tensors)
+    gpu = fingerprints([t.cuda() for t in tensors])
+    assert (gpu == cpu).all()
+    assert checksums([t.cuda() for t in tensors[:-1]]) == span_checks(stream, spans)[0]
+
+
+def _export(copies: bool, device: str) -> dict[str, torch.Tensor]:
+    """Expert adapters under every expert name (as copies or one storage), zero lora_B in two layers."""
+    g = torch.Generator().manual_seed(4)
+    out: dict[str, torch.Tensor] = {}
+    for layer in range(3):
+        a, b = torch.randn(8, 64, generator=g), torch.randn(48, 8, generator=g)
+        for e in range(700):
+            pre = f"m.layers.{layer}.mlp.experts.{e}.up_proj"
+            out[f"{pre}.lora_A.weight"] = a.to(device).clone() if copies else a
+            out[f"{pre}.lora_B.weight"] = b.to(device).clone() if copies else b
+        out[f"m.layers.{layer}.self_attn.o_proj.lora_B.weight"] = torch.zeros(16, 8, device=device)
+    return out
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["fingerprints", "all-collide"])
+def test_dedup_cuda_equals_cpu(monkeypatch, collide):
+    """The CUDA branch (address tables, one fingerprint and one proof launch per slice) decides as the CPU one;
+    with every fingerprint forced equal it still never aliases unequal values."""
+    from skyrl_glm.sync import dedup
+
+    if collide:
+        real = dedup.sums_at
+        monkeypatch.setattr(dedup, "sums_at", lambda *a: real(*a) * 0)
+    cpu = dedup.deduplicate(_export(True, "cpu"))
+    gpu = dedup.deduplicate(_export(True, "cuda"))
+    assert gpu.names == cpu.names
+    assert len(gpu.unique) == 3 * 2 + 1
+    export = _export(True, "cuda")
+    for public, sent in gpu.aliases.items():
+        assert torch.equal(export[public], export[sent])
