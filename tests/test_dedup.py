@@ -102,3 +102,30 @@ def test_repeated_name_across_slices_is_refused():
     names = [f"w{i}" for i in range(SLICE)] + ["w7"]
     with pytest.raises(ValueError, match="repeats the name 'w7'"):
         deduplicate((n, t.clone()) for n in names)
+
+
+def _reference(stream: list[tuple[str, torch.Tensor]]) -> dict[str, list[str]]:
+    """Names grouped by value (shape, dtype, bytes), the group's first name as its key: what exact dedup must give."""
+    groups: dict[tuple, list[str]] = {}
+    for name, t in stream:
+        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        groups.setdefault((tuple(t.shape), t.dtype, raw), []).append(name)
+    return {ns[0]: ns for ns in groups.values()}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mixed_stream_matches_a_brute_force_reference(seed):
+    """Shared objects, views, copies, zeros, other dtypes and shapes, spread over several slices in both of the
+    reader's modes (by address and by object id)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = [torch.randn(4, 8, generator=g) for _ in range(6)] + [torch.zeros(4, 8), torch.zeros(8, 4)]
+    pool += [p.to(torch.bfloat16) for p in pool[:2]]
+    stream = []
+    for i in range(int(SLICE * 2.5)):
+        p = pool[int(torch.randint(len(pool), (1,), generator=g))]
+        how = int(torch.randint(4, (1,), generator=g)) if i > SLICE else int(i % 7 == 0) * 3
+        t = (p, p.clone(), p.view(p.shape), p[:])[how]
+        stream.append((f"m.layers.{i % 5}.mlp.experts.{i}.w.lora_A.weight", t))
+    d = deduplicate(stream)
+    assert d.names == _reference(stream)
+    assert d.public_count == len(stream)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +34,7 @@ import torch
 from skyrl_glm.sync.checksum import fingerprints, sums_at, word_aligned
 from skyrl_glm.sync.compare import equal_at, equal_pairs
 
-SLICE = 16384  # stream pairs decided together (bounds what the exporter's duplicates hold)
+SLICE = 4096  # stream pairs decided together (bounds what the exporter's duplicates hold)
 
 @dataclass
 class Dedup:
@@ -60,38 +60,63 @@ def _view_key(t: torch.Tensor) -> tuple:
 class _Slice:
     """One slice of the stream: its names, its distinct tensor objects and what dedup needs of each, read by C-level
     maps while the slice is in the CPU cache (a full export with copies has 116,292 tensor objects: each pass over
-    them all costs a cache miss per object, tens of milliseconds, so everything later works on these arrays)."""
+    them all costs a cache miss per object, so everything later works on these arrays)."""
 
     names: list[str]
     of_name: np.ndarray  # per name: its object
-    objs: list[torch.Tensor]
+    objs: tuple[torch.Tensor, ...]
     ptrs: np.ndarray
     nbytes: np.ndarray
     shapes: tuple
     dtypes: tuple
     contiguous: np.ndarray
+    kind: np.ndarray  # [n, 3] int64: shape id, dtype id, nbytes (equal rows: equal shape, dtype and size)
 
     @classmethod
-    def read(cls, pairs: Iterable[tuple[str, torch.Tensor]]) -> _Slice:
+    def read(
+        cls, pairs: Iterable[tuple[str, torch.Tensor]], shape_ids: dict[torch.Size, int], by_address: bool
+    ) -> _Slice:
+        """``shape_ids``: every shape seen so far -> its id (grows; exact: a dict compares the shapes it hashes).
+        ``by_address``: group names by address first (cheaper when most names are their own object; either way
+        the grouping is the same)."""
         chunk = list(pairs)
         names, tensors = zip(*chunk, strict=True) if chunk else ((), ())
         n = len(tensors)
-        ids = np.fromiter(map(id, tensors), dtype=np.uint64, count=n)
-        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")  # objects in order of first appearance
-        position = np.empty_like(order)
-        position[order] = np.arange(len(order))
-        objs = [tensors[i] for i in first[order].tolist()]
+        if by_address:  # many objects (an exporter's copies): each name's address first, ids only where one repeats
+            ptrs = np.fromiter(map(torch.Tensor.data_ptr, tensors), np.int64, n)
+            _, first, inverse, counts = np.unique(ptrs, return_index=True, return_inverse=True, return_counts=True)
+            inverse = inverse.reshape(-1)
+            obj = first[inverse]  # each name's object, as the index of the object's first name
+            shared = np.flatnonzero(counts[inverse] > 1)
+        else:  # few objects under many names (shared storage): object ids first, addresses per object
+            ptrs, obj, shared = None, np.zeros(n, dtype=np.int64), np.arange(n)
+        if len(shared):
+            ids = np.fromiter(map(id, _pick(tensors, shared)), np.uint64, len(shared))
+            _, id_first, id_inverse = np.unique(ids, return_index=True, return_inverse=True)
+            obj[shared] = shared[id_first][id_inverse.reshape(-1)]
+        heads, position = np.unique(obj, return_inverse=True)  # objects in order of first appearance
+        objs = _pick(tensors, heads)
+        if ptrs is None:
+            ptrs = np.zeros(n, dtype=np.int64)
+            ptrs[heads] = np.fromiter(map(torch.Tensor.data_ptr, objs), np.int64, len(objs))
         m = len(objs)
+        shapes, dtypes = tuple(map(_shape, objs)), tuple(map(_dtype, objs))
+        for shape in dict.fromkeys(shapes):
+            shape_ids.setdefault(shape, len(shape_ids))
+        kind = np.empty((m, 3), dtype=np.int64)
+        kind[:, 0] = np.fromiter(map(shape_ids.__getitem__, shapes), np.int64, m)
+        kind[:, 1] = np.fromiter(map(id, dtypes), np.int64, m)  # dtypes are singletons
+        kind[:, 2] = np.fromiter(map(_nbytes, objs), np.int64, m)
         return cls(
             list(names),
-            position[inverse.reshape(-1)],
+            position.reshape(-1),
             objs,
-            np.fromiter(map(torch.Tensor.data_ptr, objs), np.int64, m),
-            np.fromiter(map(_nbytes, objs), np.int64, m),
-            tuple(map(_shape, objs)),
-            tuple(map(_dtype, objs)),
+            ptrs[heads],
+            kind[:, 2],
+            shapes,
+            dtypes,
             np.fromiter(map(torch.Tensor.is_contiguous, objs), bool, m),
+            kind,
         )
 
 
@@ -100,23 +125,44 @@ _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 
 
+def _mix(columns: np.ndarray) -> np.ndarray:
+    """One uint64 per row of int64 ``columns`` (FNV-style; rows that collide are told apart by the exact checks)."""
+    out = np.full(len(columns), 0xCBF29CE484222325, dtype=np.uint64)
+    for c in columns.T.view(np.uint64):
+        out = (out ^ c) * np.uint64(0x100000001B3)
+    return out
+
+
+def _pick(items: Sequence, index: np.ndarray) -> tuple:
+    """``items`` at ``index`` (C-level)."""
+    if len(index) == 0:
+        return ()
+    got = operator.itemgetter(*index.tolist())(items)
+    return got if len(index) > 1 else (got,)
+
+
 class _Deduper:
     def __init__(self, declared: bool) -> None:
         self.declared = declared
         self.sent: list[torch.Tensor] = []
+        self.kinds = np.zeros((0, 3), dtype=np.int64)  # per sent tensor, its kind (see ``_Slice.kind``); capacity grows
+        self.shape_ids: dict[torch.Size, int] = {}
         self.words: list[torch.Tensor] = []  # per sent tensor, its bytes readable as int32 words (itself, mostly)
         self.addrs: list[int] = []  # ... and their address
         self.at: dict[int, list[tuple[tuple, int]]] = {}  # data_ptr -> [(view key, sent index)] of sent tensors
-        self.prints: dict[tuple, int] = {}  # (shape, dtype, plain, weighted) -> the first sent value with that print
-        self.collided: dict[tuple, list[int]] = {}  # print -> further sent values with it (fingerprint collisions)
+        self.prints: dict[int, int] = {}  # print (kind and fingerprint, mixed) -> the first sent value with it
+        self.collided: dict[int, list[int]] = {}  # print -> further sent values with it (rare)
         self.seen: set[str] = set()
         self.refs: list[np.ndarray] = []  # per slice: the sent index of each of its names
         self.names: list[list[str]] = []  # per slice: its names
 
-    def _new(self, t: torch.Tensor, words: torch.Tensor | None = None) -> int:
+    def _new(self, t: torch.Tensor, kind: np.ndarray, words: torch.Tensor | None = None) -> int:
         i = len(self.sent)
         words = t if words is None else words
         self.sent.append(t)
+        if i == len(self.kinds):
+            self.kinds = np.concatenate([self.kinds, np.zeros((max(i, 64), 3), dtype=np.int64)])
+        self.kinds[i] = kind
         self.words.append(words)
         self.addrs.append(words.data_ptr())
         self.at.setdefault(t.data_ptr(), []).append((_view_key(t), i))
@@ -130,9 +176,7 @@ class _Deduper:
         ref = np.full(n, -1, dtype=np.int64)
         link = np.arange(n)
         _, inverse, counts = np.unique(sl.ptrs, return_inverse=True, return_counts=True)
-        check = counts[inverse.reshape(-1)] > 1
-        if self.at:
-            check |= np.fromiter(map(self.at.__contains__, sl.ptrs.tolist()), bool, n)
+        check = (counts[inverse.reshape(-1)] > 1) | np.isin(sl.ptrs, np.fromiter(self.at, np.int64, len(self.at)))
         local: dict[tuple, int] = {}
         for i in np.flatnonzero(check).tolist():
             key = _view_key(sl.objs[i])
@@ -143,41 +187,49 @@ class _Deduper:
                 link[i] = local.setdefault(key, i)
         return ref, link
 
+    def _same(self, words: torch.Tensor, kind: np.ndarray, v: int) -> bool:
+        return bool((kind == self.kinds[v]).all()) and bool(equal_pairs([words], [self.words[v]]))
+
     def _by_value(self, sl: _Slice, fresh: np.ndarray) -> np.ndarray:
         """Sent index of each ``fresh`` object (all showing distinct views): an earlier value proven equal, or new."""
         n = len(fresh)
-        objs = [sl.objs[i] for i in fresh.tolist()]
-        in_place = sl.contiguous[fresh] & (sl.ptrs[fresh] % 4 == 0) & (sl.nbytes[fresh] % 4 == 0)
-        words = [t if ok else word_aligned(t) for t, ok in zip(objs, in_place.tolist(), strict=True)]
-        addrs = sl.ptrs[fresh].copy()
-        for i in np.flatnonzero(~in_place).tolist():
-            addrs[i] = words[i].data_ptr()
-        counts = (sl.nbytes[fresh] + 3) // 4
-        cuda = bool(objs) and objs[0].is_cuda
-        sums = sums_at(objs[0].device, addrs, counts) if cuda else fingerprints(words)
-        shapes = [sl.shapes[i] for i in fresh.tolist()]
-        dtypes = [sl.dtypes[i] for i in fresh.tolist()]
-        keys = list(zip(shapes, dtypes, *sums.T.tolist(), strict=True))
-        earlier = np.fromiter(map(self.prints.get, keys, itertools.repeat(-1)), np.int64, n)
-        first = dict(zip(reversed(keys), range(n - 1, -1, -1), strict=True))  # print -> its first object here
-        lead = np.fromiter(map(first.__getitem__, keys), np.int64, n)
+        objs, kinds = _pick(sl.objs, fresh), sl.kind[fresh]
+        ptrs, counts = sl.ptrs[fresh], (sl.nbytes[fresh] + 3) // 4
+        words = list(objs)
+        for i in np.flatnonzero(~(sl.contiguous[fresh] & (ptrs % 4 == 0) & (sl.nbytes[fresh] % 4 == 0))).tolist():
+            words[i] = word_aligned(objs[i])  # a zero-padded copy, read in its place
+            ptrs[i] = words[i].data_ptr()
+        cuda = n > 0 and objs[0].is_cuda
+        sums = sums_at(objs[0].device, ptrs, counts) if cuda else fingerprints(words)
+        keys = _mix(np.concatenate([kinds, sums], axis=1))
+        # per distinct print of the slice: its first object here, and an earlier value with it
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        uniq_keys = uniq.tolist()
+        earlier = np.fromiter(map(self.prints.get, uniq_keys, itertools.repeat(-1)), np.int64, len(uniq_keys))
+        inverse = inverse.reshape(-1)
         ref = np.full(n, -1, dtype=np.int64)
-        for i in np.flatnonzero((earlier < 0) & (lead == np.arange(n))).tolist():  # a new print: a new value
-            ref[i] = self.prints[keys[i]] = self._new(objs[i], words[i])
-        rest = np.flatnonzero(ref < 0)  # an earlier value has the print: prove equality
-        cand = np.where(earlier[rest] >= 0, earlier[rest], ref[lead[rest]])
+        for u in np.flatnonzero(earlier < 0).tolist():  # a new print: a new value
+            i = int(first[u])
+            ref[i] = self.prints[uniq_keys[u]] = self._new(objs[i], kinds[i], words[i])
+        rest = np.flatnonzero(ref < 0)  # a value with the print exists: the same kind, then the same bytes
+        cand = np.where(earlier[inverse[rest]] >= 0, earlier[inverse[rest]], ref[first[inverse[rest]]])
+        equal = (kinds[rest] == self.kinds[cand]).all(axis=1)
+        same_kind = np.flatnonzero(equal)  # only these are compared: equal sizes, so no read runs past a tensor
         if cuda:
-            right = np.array(self.addrs, dtype=np.int64)[cand]
-            equal = equal_at(objs[0].device, addrs[rest], right, counts[rest], words=True).cpu().numpy()
+            right = np.array(self.addrs, dtype=np.int64)[cand[same_kind]]
+            a = ptrs[rest[same_kind]]
+            equal[same_kind] = equal_at(objs[0].device, a, right, counts[rest[same_kind]], True).cpu().numpy()
         else:
-            equal = equal_pairs([words[i] for i in rest.tolist()], [self.words[c] for c in cand.tolist()]).numpy()
+            left, right = _pick(words, rest[same_kind]), _pick(self.words, cand[same_kind])
+            equal[same_kind] = equal_pairs(left, right).numpy()
         ref[rest[equal]] = cand[equal]
-        for i in rest[~equal].tolist():  # fingerprint collisions (rare): every value of the print in turn
-            values = [self.prints[keys[i]], *self.collided.get(keys[i], ())]
-            ref[i] = next((v for v in values if equal_pairs([words[i]], [self.words[v]]).item()), -1)
-            if ref[i] < 0:
-                ref[i] = self._new(objs[i], words[i])
-                self.collided.setdefault(keys[i], []).append(int(ref[i]))
+        for i in rest[~equal].tolist():  # a print shared by unequal values (rare): every value of it in turn
+            key = int(keys[i])
+            values = [self.prints[key], *self.collided.get(key, ())]
+            hit = next((v for v in values if self._same(words[i], kinds[i], v)), -1)
+            ref[i] = hit if hit >= 0 else self._new(objs[i], kinds[i], words[i])
+            if hit < 0:
+                self.collided.setdefault(key, []).append(int(ref[i]))
         return ref
 
     def slice(self, sl: _Slice) -> None:
@@ -188,7 +240,7 @@ class _Deduper:
         ref, link = self._by_view(sl)
         fresh = np.flatnonzero((ref < 0) & (link == np.arange(len(sl.objs))))
         if self.declared:
-            ref[fresh] = [self._new(sl.objs[i]) for i in fresh.tolist()]
+            ref[fresh] = [self._new(sl.objs[i], sl.kind[i]) for i in fresh.tolist()]
         else:
             ref[fresh] = self._by_value(sl, fresh)
         ref = ref[link]  # views of an object of this slice: its value
@@ -197,8 +249,10 @@ class _Deduper:
 
     def run(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Dedup:
         stream = iter(pairs)
-        while (sl := _Slice.read(itertools.islice(stream, SLICE))).names:
+        by_address = True
+        while (sl := _Slice.read(itertools.islice(stream, SLICE), self.shape_ids, by_address)).names:
             self.slice(sl)
+            by_address = len(sl.objs) > len(sl.names) // 4
             del sl  # the slice's duplicates can go
         refs = np.concatenate(self.refs) if self.refs else np.zeros(0, dtype=np.int64)
         names = list(itertools.chain.from_iterable(self.names))
