@@ -7,11 +7,12 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
 
     trainer side
     plan.py          build_plan: fold, dedup, packed stream layout, manifest (SyncPlan)
+    dedup.py         exact dedup: one sent tensor per value, every public name that shows it
     publisher.py     InMemoryPublisher (the product path) and DiskPublisher (the baseline it is measured against)
     both sides
     manifest.py      Manifest / TensorEntry: the JSON that says exactly what an update holds
     aliases.py       AliasRun rules (expert-index ranges) for the alias map; NameIndex checks them without expanding
-    checksum.py      checksums + NaN/inf per tensor of a packed stream (one Triton kernel on CUDA, numpy elsewhere)
+    checksum.py      checksums + NaN/inf per tensor, also dedup's fingerprints (one Triton kernel on CUDA, numpy elsewhere)
     compare.py       byte equality of many tensor pairs in one launch (the sender's dedup proofs)
     nogc.py          the cyclic GC paused around one planning or receiving step
     update.py        UpdateResult and the Sampler protocol: what a publisher drives, engine independent
