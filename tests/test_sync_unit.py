@@ -124,13 +124,15 @@ def test_rejections_name_their_reason():
     m = plan.manifest
     t0 = m.tensors[0]
     cases = {
-        "checksum mismatch": _bad(plan, tensors=(dataclasses.replace(t0, checksum="0" * 32),) + m.tensors[1:]),
+        "checksum mismatch": _bad(plan, checksums="0" * 32 + m.checksums[32:]),
         "not sent": _bad(plan, aliases={"extra.lora_A.weight": "missing"}),
-        "does not match": _bad(plan, tensors=(dataclasses.replace(t0, shape=(3, 3)),) + m.tensors[1:]),
-        "unsupported dtype": _bad(plan, tensors=(dataclasses.replace(t0, dtype="int8"),) + m.tensors[1:]),
+        "does not match": _bad(plan, tensors=(t0._replace(shape=(3, 3)),) + m.tensors[1:]),
+        "unsupported dtype": _bad(plan, tensors=(t0._replace(dtype="int8"),) + m.tensors[1:]),
         "lora_alpha": _bad(plan, adapter_config={**m.adapter_config, "lora_alpha": 16}),
-        "missing field": '{"format": "skyrl-glm/lora-sync/2", "version": "x"}',
-        "unknown manifest format": '{"format": "pickle"}',
+        "missing field": '{"format": "skyrl-glm/lora-sync/3"}',
+        "'version' must be an integer": '{"format": "skyrl-glm/lora-sync/3", "version": "x"}',
+        "unknown manifest format 'pickle'": '{"format": "pickle"}',
+        "unknown manifest format 'skyrl-glm/lora-sync/2'": '{"format": "skyrl-glm/lora-sync/2"}',
     }
     for reason, text in cases.items():
         with pytest.raises(UpdateRejected, match=reason):
@@ -178,7 +180,8 @@ def test_partial_transfer_is_caught_by_checksums():
 def test_manifest_validation_is_structural():
     plan = build_plan(expert_adapter(), adapter_config=CONFIG, lora_name="p", version=1)
     with pytest.raises(ManifestError, match="twice"):
-        dataclasses.replace(plan.manifest, tensors=plan.manifest.tensors[:1] * 2).validate()
+        m = plan.manifest
+        dataclasses.replace(m, tensors=m.tensors[:1] * 2, checksums=m.checksum(0) * 2).validate()
 
 
 def test_incomplete_or_rank_mismatched_adapters_are_rejected_before_any_transfer():

@@ -92,6 +92,11 @@ class AdapterReceiver:
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self.version: int | None = None
+        # The manifest of the last update this receiver accepted, set when receive() returns it (never for a
+        # rejected one). Set on accept rather than on commit: what it vouches for is its layout's verdict (manifest
+        # validation and structure), a pure function of the layout that the update earned whether or not the engine
+        # then loads it; the version order is commit's, and is checked separately.
+        self.known: Manifest | None = None
 
     def _admit(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> tuple[Manifest, float]:
         """Every check that needs no byte of the stream, the stream's size (from the transport) included;
@@ -99,14 +104,15 @@ class AdapterReceiver:
         if not isinstance(handle, dict):
             raise UpdateRejected(f"transport handle must be a JSON object, got {type(handle).__name__}")
         try:
-            manifest = Manifest.from_json(manifest_json)
+            manifest = Manifest.from_json(manifest_json, known=self.known)
         except ManifestError as e:
             raise UpdateRejected(str(e)) from None
         if self.version is not None and manifest.version <= self.version:
             raise UpdateRejected(f"version {manifest.version} is not newer than the serving version {self.version}")
-        problem = structure_errors(manifest)
-        if problem:
-            raise UpdateRejected(problem)
+        if not manifest.same_layout(self.known):  # an accepted layout passed this check already
+            problem = structure_errors(manifest)
+            if problem:
+                raise UpdateRejected(problem)
         t0 = time.perf_counter()
         try:
             held = transport.incoming_bytes(manifest, handle)
@@ -144,22 +150,25 @@ class AdapterReceiver:
         except TransportError as e:
             raise UpdateRejected(f"transfer failed: {e}") from None
         t2 = time.perf_counter()
-        sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
         if verify:
-            got, finite = span_checks(staging, [(e.offset, e.nbytes, e.dtype) for e in manifest.tensors])
-            for entry, cs in zip(manifest.tensors, got, strict=True):
-                if cs != entry.checksum:
-                    raise UpdateRejected(f"checksum mismatch on {entry.name!r} (corrupt or partial transfer)")
-            bad = [e.name for e, ok in zip(manifest.tensors, finite, strict=True) if not ok]
-            if bad:
-                raise UpdateRejected(f"non-finite values (NaN/inf) in {bad[:3]}{'...' if len(bad) > 3 else ''}")
+            got, finite = span_checks(staging, manifest.spans)
+            if "".join(got) != manifest.checksums:
+                i = next(i for i, cs in enumerate(got) if cs != manifest.checksum(i))
+                name = manifest.tensors[i].name
+                raise UpdateRejected(f"checksum mismatch on {name!r} (corrupt or partial transfer)")
+            if not all(finite):
+                bad_names = [e.name for e, ok in zip(manifest.tensors, finite, strict=True) if not ok]
+                more = "..." if len(bad_names) > 3 else ""
+                raise UpdateRejected(f"non-finite values (NaN/inf) in {bad_names[:3]}{more}")
         t3 = time.perf_counter()
+        sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
         tensors = rebuild(manifest, sent)
         timings = {
             "transfer_s": t2 - t1 + waited,
             "verify_s": (t1 - t0 - waited) + (t3 - t2),
             "rebuild_s": time.perf_counter() - t3,
         }
+        self.known = manifest
         return ReceivedAdapter(manifest.version, manifest.lora_name, manifest.adapter_config, tensors, timings)
 
     def commit(self, version: int) -> None:
