@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from skyrl_glm.sync.aliases import AliasError, AliasRun, NameIndex
+from skyrl_glm.sync.aliases import AliasError, AliasRun, NameIndex, runs_from_json
 
 FORMAT = "skyrl-glm/lora-sync/3"
 ALIGN = 64  # byte alignment of every tensor in the packed stream
@@ -323,7 +323,7 @@ class Manifest:
         else:
             what = "manifest layout"
             try:
-                runs = tuple(AliasRun.from_json(r, i) for i, r in enumerate(_field(layout, "alias_runs", list, what)))
+                runs = runs_from_json(_field(layout, "alias_runs", list, what))
             except AliasError as e:
                 raise ManifestError(str(e)) from None
             m = cls(
