@@ -166,6 +166,7 @@ class AdapterReceiver:
         timings = {
             "transfer_s": t2 - t1 + waited,
             "verify_s": (t1 - t0 - waited) + (t3 - t2),
+            "verify_manifest_s": t1 - t0 - waited,  # of verify_s: parse, checks and structure, before any byte
             "rebuild_s": time.perf_counter() - t3,
         }
         self.known = manifest
