@@ -193,6 +193,7 @@ def test_the_memo_is_used_for_an_identical_layout(monkeypatch):
     second = send(rx, p2)
     assert calls == {"structure": 1, "index": 1}
     assert rx.known.tensors is known.tensors and rx.known.names is known.names
+    assert rx.known.run_names is known.run_names and set(second.tensors) == set(first.tensors)
     assert not torch.equal(first.tensors[Q + "lora_A.weight"], second.tensors[Q + "lora_A.weight"])
     send(rx, other)
     assert calls == {"structure": 2, "index": 2}

@@ -193,6 +193,9 @@ def _layout_key(layout: dict[str, Any]) -> bytes | None:
         return None
 
 
+_LAYOUT_CACHES = ("names", "spans", "run_names")  # what Manifest derives from its layout alone (cached properties)
+
+
 @dataclass(frozen=True)
 class Manifest:
     version: int
@@ -222,6 +225,12 @@ class Manifest:
     def spans(self) -> list[tuple[int, int, str]]:
         """``(offset, nbytes, dtype)`` per tensor: what :func:`~skyrl_glm.sync.checksum.span_checks` reads."""
         return [(t.offset, t.nbytes, t.dtype) for t in self.tensors]
+
+    @cached_property
+    def run_names(self) -> list[str]:
+        """Every alias run's public names, run after run (116,292 strings per full GLM-5.3 update: built once per
+        layout, since the memo of :meth:`from_json` hands them on)."""
+        return list(chain.from_iterable(run.names() for run in self.alias_runs))
 
     def checksum(self, i: int) -> str:
         """Tensor ``i``'s checksum."""
@@ -318,7 +327,7 @@ class Manifest:
                 extra=extra,
                 alias_runs=known.alias_runs,
             )
-            m.__dict__.update({k: known.__dict__[k] for k in ("names", "spans") if k in known.__dict__})
+            m.__dict__.update({k: known.__dict__[k] for k in _LAYOUT_CACHES if k in known.__dict__})
             m._check_update_fields()
         else:
             what = "manifest layout"
