@@ -91,9 +91,17 @@ def _reshape_q_a(d: dict) -> None:
         (lambda d: d["layout"].update(total_bytes=float(d["layout"]["total_bytes"])), "'total_bytes' must be an int"),
         (lambda d: d["layout"]["adapter_config"].update(r=4.0, lora_alpha=4.0), "r=4.0 is not a positive integer"),
     ],
-    ids=["overlapping-run", "wrong-rank", "misaligned-offset", "overlapping-offset", "tensor-removed",
-         "float-dim", "float-total", "float-r"],
-)  # fmt: skip
+    ids=[
+        "overlapping-run",
+        "wrong-rank",
+        "misaligned-offset",
+        "overlapping-offset",
+        "tensor-removed",
+        "float-dim",
+        "float-total",
+        "float-r",
+    ],
+)
 def test_a_layout_that_differs_anywhere_is_validated_in_full(edit, reason):
     """Warm receiver, next version, one change in the layout: rejected with its reason; the known layout stays."""
     rx = warm()

@@ -90,9 +90,10 @@ def runs_from_json(raw: list) -> tuple[AliasRun, ...]:
             {*map(type, heads), *map(type, tails), *map(type, sents)} == {str}
             and {*map(type, starts), *map(type, stops)} == {int}
             and all(map(_ordered, starts, stops))
-            and all(map(str.endswith, heads, repeat("."))) and all(map(str.startswith, tails, repeat(".")))
+            and all(map(str.endswith, heads, repeat(".")))
+            and all(map(str.startswith, tails, repeat(".")))
             and "\n" not in "".join(heads) + "".join(tails)
-        ):  # fmt: skip
+        ):
             return tuple(map(AliasRun, heads, starts, stops, tails, sents))
     return tuple(AliasRun.from_json(r, i) for i, r in enumerate(raw))
 
