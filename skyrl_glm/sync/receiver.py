@@ -89,15 +89,16 @@ def rebuild(manifest: Manifest, sent: dict[str, torch.Tensor]) -> dict[str, torc
 
 
 class AdapterReceiver:
-    """Stages updates into private memory on ``device`` and verifies them; tracks the accepted version."""
+    """Stages updates into private memory on ``device`` and verifies them; tracks the accepted version.
+
+    ``known`` is the manifest of the last update :meth:`receive` accepted (never a rejected one); the next update with
+    the identical layout reuses its validation and structure check. It is set on accept, not on :meth:`commit`: what
+    it vouches for is the layout's verdict, a pure function of the layout that the update earned whether or not the
+    engine then loads it (the version order is commit's, checked separately)."""
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self.version: int | None = None
-        # The manifest of the last update this receiver accepted, set when receive() returns it (never for a
-        # rejected one). Set on accept rather than on commit: what it vouches for is its layout's verdict (manifest
-        # validation and structure), a pure function of the layout that the update earned whether or not the engine
-        # then loads it; the version order is commit's, and is checked separately.
         self.known: Manifest | None = None
 
     def _admit(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> tuple[Manifest, float]:
