@@ -48,6 +48,9 @@ def test_report_has_all_paths_and_sizes(bench_report):
     for st in ("fold", "dedup", "checksum", "transfer", "verify", "rebuild"):
         assert ours["stages_s"][st] is not None
     assert ours["stages_s"]["load"] is None and bench_report["skipped"]["load"].startswith("skipped")
+    # one receiver across rounds: its first update (no warm-up here, so the first timed round) is reported apart
+    assert ours["verify_first_s"] == ours["runs"][0]["receiver"]["verify_s"] > 0
+    assert "verify_first_s" not in skyrl or skyrl["verify_first_s"] is None
 
 
 def test_every_path_rebuilt_every_public_name_bit_exactly(bench_report):

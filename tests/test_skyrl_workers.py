@@ -133,11 +133,9 @@ def test_sync_verify_off_skips_only_the_per_tensor_checks() -> None:
         "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(8, 2),
     }
     plan = build_plan(adapter, adapter_config={"r": 2, "lora_alpha": 2}, lora_name="p", version=1)
-    first = plan.manifest.tensors[0]
-    wrong_sum = dataclasses.replace(
-        plan.manifest, tensors=(dataclasses.replace(first, checksum="0" * 32), *plan.manifest.tensors[1:])
-    ).to_json()
-    unpaired = dataclasses.replace(plan.manifest, tensors=plan.manifest.tensors[:1]).to_json()
+    m = plan.manifest
+    wrong_sum = dataclasses.replace(m, checksums="0" * 32 + m.checksums[32:]).to_json()
+    unpaired = dataclasses.replace(m, tensors=m.tensors[:1], checksums=m.checksum(0)).to_json()
     tx = SharedMemoryTransport()
     handle = tx.prepare(plan)
     try:

@@ -108,7 +108,7 @@ def test_expert_plan_uses_runs_and_is_received():
         (lambda d: d.__setitem__("alias_runs", {"x": 1}), "'alias_runs' must be a list"),
         (lambda d: d["alias_runs"].append(list(d["alias_runs"][0])), "overlap"),
         (
-            lambda d: d["aliases"].__setitem__(f"{E}3.gate_proj.lora_A.weight", d["tensors"][0]["name"]),
+            lambda d: d["aliases"].__setitem__(f"{E}3.gate_proj.lora_A.weight", d["tensors"][0][0]),
             "both explicit and in an alias run",
         ),
         (
@@ -118,7 +118,7 @@ def test_expert_plan_uses_runs_and_is_received():
                     0,
                     9,
                     ".mlp.experts.3.gate_proj.lora_A.weight",
-                    d["tensors"][0]["name"],
+                    d["tensors"][0][0],
                 ]
             ),
             "can name the same tensor",
@@ -128,7 +128,7 @@ def test_expert_plan_uses_runs_and_is_received():
 def test_malformed_or_ambiguous_rules_are_rejected(edit, reason):
     p = _expert_plan()
     d = json.loads(p.manifest.to_json())
-    edit(d)
+    edit(d["layout"])
     with pytest.raises(UpdateRejected, match=reason):
         _receive(d, p)
 
@@ -136,11 +136,11 @@ def test_malformed_or_ambiguous_rules_are_rejected(edit, reason):
 def test_a_run_without_its_pair_or_with_another_rank_is_rejected():
     p = _expert_plan()
     d = json.loads(p.manifest.to_json())
-    b_run = next(r for r in d["alias_runs"] if ".lora_B." in r[3])
+    b_run = next(r for r in d["layout"]["alias_runs"] if ".lora_B." in r[3])
     b_run[2] = 5  # experts 5..7 keep lora_A only
     with pytest.raises(UpdateRejected, match="missing tensors"):
         _receive(d, p)
     d = json.loads(p.manifest.to_json())
-    d["adapter_config"] = {"r": 8, "lora_alpha": 8}
+    d["layout"]["adapter_config"] = {"r": 8, "lora_alpha": 8}
     with pytest.raises(UpdateRejected, match="rank r=8"):
         _receive(d, p)

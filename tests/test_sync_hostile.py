@@ -57,10 +57,14 @@ def receive(manifest_json, handle=None, tx=None, p=None, receiver=None):
 # ------------------------------------------------------------------------------ 1, 7: strict manifest types
 
 
+LAYOUT = {"lora_name", "adapter_config", "tensors", "aliases", "alias_runs", "total_bytes", "bucket_bytes"}
+
+
 def _with(**changes) -> str:
+    """A valid manifest with fields replaced (layout fields inside ``layout``, the per-update ones at the top)."""
     d = raw(plan())
     for k, v in changes.items():
-        d[k] = v
+        (d["layout"] if k in LAYOUT else d)[k] = v
     return json.dumps(d)
 
 
@@ -79,7 +83,15 @@ def _with(**changes) -> str:
         ({"adapter_config": [["r", 4]]}, "'adapter_config' must be an object"),
         ({"extra": []}, "'extra' must be an object"),
         ({"tensors": {"a": 1}}, "'tensors' must be a list"),
-        ({"tensors": [1]}, "tensor #0 must be a JSON object"),
+        ({"tensors": [1]}, "tensor #0 must be \\[name, dtype, shape, offset, nbytes\\]"),
+        ({"tensors": [["a", "float32", [4, 16], 0]]}, "tensor #0 must be \\[name, dtype, shape, offset, nbytes\\]"),
+        ({"layout": [1]}, "'layout' must be an object"),
+        ({"checksums": 12}, "'checksums' must be a string"),
+        ({"checksums": ["0" * 32] * 4}, "'checksums' must be a string"),
+        ({"checksums": "0" * 127}, "checksums: 127 characters for 4 tensors, expected 128"),
+        ({"checksums": "0" * 160}, "checksums: 160 characters for 4 tensors, expected 128"),
+        ({"checksums": "Z" * 128}, "checksums: not all lowercase hex digits"),
+        ({"checksums": "0" * 127 + "\n"}, "checksums: not all lowercase hex digits"),
     ],
 )
 def test_manifest_fields_are_not_coerced(changes, reason):
@@ -89,11 +101,11 @@ def test_manifest_fields_are_not_coerced(changes, reason):
 
 def test_aliases_as_a_list_of_pairs_are_rejected():
     d = raw(plan())
-    name = d["tensors"][0]["name"]
-    d["aliases"] = [["extra.lora_A.weight", name]]
+    name = d["layout"]["tensors"][0][0]
+    d["layout"]["aliases"] = [["extra.lora_A.weight", name]]
     with pytest.raises(UpdateRejected, match="'aliases' must be an object"):
         receive(json.dumps(d))
-    d["aliases"] = {"extra.lora_A.weight": 0}
+    d["layout"]["aliases"] = {"extra.lora_A.weight": 0}
     with pytest.raises(UpdateRejected, match="must map to a string"):
         receive(json.dumps(d))
 
@@ -107,13 +119,12 @@ def test_aliases_as_a_list_of_pairs_are_rejected():
         ("offset", 0.0, "'offset' must be an integer"),
         ("nbytes", "256", "'nbytes' must be an integer"),
         ("name", ["x"], "'name' must be a string"),
-        ("checksum", 12, "'checksum' must be a string"),
-        ("checksum", "z" * 32, "not 32 lowercase hex"),
+        ("dtype", 2, "'dtype' must be a string"),
     ],
 )
 def test_tensor_entry_fields_are_not_coerced(field, value, reason):
     d = raw(plan())
-    d["tensors"][0][field] = value
+    d["layout"]["tensors"][0][["name", "dtype", "shape", "offset", "nbytes"].index(field)] = value
     with pytest.raises(UpdateRejected, match=reason):
         receive(json.dumps(d))
 
@@ -143,7 +154,7 @@ def test_non_object_handle_is_one_rejection(handle):
 )
 def test_adapter_config_types(config, reason):
     d = raw(plan())
-    d["adapter_config"] = config
+    d["layout"]["adapter_config"] = config
     with pytest.raises(UpdateRejected, match=reason):
         receive(json.dumps(d))
 
@@ -151,7 +162,7 @@ def test_adapter_config_types(config, reason):
 def test_lora_r_is_checked_against_the_tensors_rank():
     """The config says r=8 (alpha folded to 8) while the tensors have rank 4: rejected before any transfer."""
     d = raw(plan())
-    d["adapter_config"] = {"r": 8, "lora_alpha": 8}
+    d["layout"]["adapter_config"] = {"r": 8, "lora_alpha": 8}
     with pytest.raises(UpdateRejected, match="rank r=8"):
         receive(json.dumps(d))
 
@@ -185,7 +196,7 @@ def test_three_dim_tensors_of_the_right_rank_pass():
 
 def test_an_adapter_with_no_tensors_is_rejected():
     d = raw(plan())
-    d["tensors"], d["aliases"], d["total_bytes"] = [], {}, 0
+    d["layout"]["tensors"], d["layout"]["aliases"], d["layout"]["total_bytes"], d["checksums"] = [], {}, 0, ""
     with pytest.raises(UpdateRejected, match="empty adapter"):
         receive(json.dumps(d))
 
@@ -216,7 +227,7 @@ def test_staging_is_not_allocated_from_an_unvalidated_total_bytes(monkeypatch):
     bytes: rejected, and no buffer of the claimed size is ever asked for."""
     claim = 20 * 10**9
     d = raw(plan())
-    d["total_bytes"] = claim
+    d["layout"]["total_bytes"] = claim
     asked: list[int] = []
     real_empty = torch.empty
 

@@ -120,13 +120,15 @@ def test_rejections_name_their_reason():
     m = plan.manifest
     t0 = m.tensors[0]
     cases = {
-        "checksum mismatch": _bad(plan, tensors=(dataclasses.replace(t0, checksum="0" * 32),) + m.tensors[1:]),
+        "checksum mismatch": _bad(plan, checksums="0" * 32 + m.checksums[32:]),
         "not sent": _bad(plan, aliases={"extra.lora_A.weight": "missing"}),
-        "does not match": _bad(plan, tensors=(dataclasses.replace(t0, shape=(3, 3)),) + m.tensors[1:]),
-        "unsupported dtype": _bad(plan, tensors=(dataclasses.replace(t0, dtype="int8"),) + m.tensors[1:]),
+        "does not match": _bad(plan, tensors=(t0._replace(shape=(3, 3)),) + m.tensors[1:]),
+        "unsupported dtype": _bad(plan, tensors=(t0._replace(dtype="int8"),) + m.tensors[1:]),
         "lora_alpha": _bad(plan, adapter_config={**m.adapter_config, "lora_alpha": 16}),
-        "missing field": '{"format": "skyrl-glm/lora-sync/2", "version": "x"}',
-        "unknown manifest format": '{"format": "pickle"}',
+        "missing field": '{"format": "skyrl-glm/lora-sync/3"}',
+        "'version' must be an integer": '{"format": "skyrl-glm/lora-sync/3", "version": "x"}',
+        "unknown manifest format 'pickle'": '{"format": "pickle"}',
+        "unknown manifest format 'skyrl-glm/lora-sync/2'": '{"format": "skyrl-glm/lora-sync/2"}',
     }
     for reason, text in cases.items():
         with pytest.raises(UpdateRejected, match=reason):
@@ -174,7 +176,8 @@ def test_partial_transfer_is_caught_by_checksums():
 def test_manifest_validation_is_structural():
     plan = build_plan(expert_adapter(), adapter_config=CONFIG, lora_name="p", version=1)
     with pytest.raises(ManifestError, match="twice"):
-        dataclasses.replace(plan.manifest, tensors=plan.manifest.tensors[:1] * 2).validate()
+        m = plan.manifest
+        dataclasses.replace(m, tensors=m.tensors[:1] * 2, checksums=m.checksum(0) * 2).validate()
 
 
 def test_incomplete_or_rank_mismatched_adapters_are_rejected_before_any_transfer():
@@ -192,3 +195,32 @@ def test_incomplete_or_rank_mismatched_adapters_are_rejected_before_any_transfer
 
     with pytest.raises(UpdateRejected, match="shape mismatch"):
         AdapterReceiver().receive(plan.manifest.to_json(), {}, NeverCalled())
+
+
+def test_views_of_a_stream_with_mixed_dtypes_and_a_storage_offset():
+    """``views`` (one typed view per dtype, ``as_strided`` per tensor) gives each tensor's bytes at its offset, also
+    when the stream is itself a slice of a larger buffer (``as_strided`` offsets are absolute in the storage)."""
+    from skyrl_glm.sync.manifest import pack_entries, views
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {
+        "a": torch.randn(3, 5, generator=g),
+        "b": torch.randn(2, 7, generator=g).to(torch.bfloat16),
+        "c": torch.randn(4, generator=g).to(torch.float16),
+        "d": torch.randn(2, 3, 2, generator=g),
+        "e": torch.randn(1, 9, generator=g).to(torch.bfloat16),
+    }
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    entries, total = pack_entries(
+        (n, names[t.dtype], tuple(t.shape), t.numel() * t.element_size()) for n, t in tensors.items()
+    )
+    backing = torch.zeros(128 + total, dtype=torch.uint8)
+    stream = backing[128:]
+    for e, t in zip(entries, tensors.values(), strict=True):
+        stream[e.offset : e.offset + e.nbytes].copy_(t.reshape(-1).view(torch.uint8))
+    got = views(stream, entries)
+    for (name, t), v in zip(tensors.items(), got, strict=True):
+        assert v.dtype == t.dtype and v.shape == t.shape and torch.equal(v, t), name
+        assert v.untyped_storage().data_ptr() == backing.untyped_storage().data_ptr()  # a view, no copy
+    got[0].zero_()
+    assert not stream[: entries[0].nbytes].any() and stream[entries[1].offset :].any()

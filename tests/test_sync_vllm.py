@@ -89,19 +89,26 @@ def test_bad_updates_are_rejected_and_the_old_adapter_keeps_serving(glm45_traine
         "must be an integer, got str": lambda: _raw(publisher, adapter, config, lambda d: d.update(version="99")),
         "must be an integer, got float": lambda: _raw(publisher, adapter, config, lambda d: d.update(version=99.5)),
         "empty adapter": lambda: _raw(
-            publisher, adapter, config, lambda d: d.update(tensors=[], aliases={}, alias_runs=[], total_bytes=0)
+            publisher,
+            adapter,
+            config,
+            lambda d: d.update(
+                checksums="", layout={**d["layout"], "tensors": [], "aliases": {}, "alias_runs": [], "total_bytes": 0}
+            ),
         ),
         "must be a JSON object": lambda: _raw(publisher, adapter, config, lambda d: d.clear(), text="[]"),
         "'aliases' must be an object": lambda: _raw(
-            publisher, adapter, config, lambda d: d.update(aliases=[["a", "b"]])
+            publisher, adapter, config, lambda d: d["layout"].update(aliases=[["a", "b"]])
         ),
         "rank r=": lambda: _raw(
             publisher,
             adapter,
             config,
-            lambda d: d.update(adapter_config={**d["adapter_config"], "r": 4, "lora_alpha": 4}),
+            lambda d: d["layout"].update(adapter_config={**d["layout"]["adapter_config"], "r": 4, "lora_alpha": 4}),
         ),
-        "transfer failed": lambda: _raw(publisher, adapter, config, lambda d: d.update(total_bytes=20 * 10**9)),
+        "transfer failed": lambda: _raw(
+            publisher, adapter, config, lambda d: d["layout"].update(total_bytes=20 * 10**9)
+        ),
     }
     for expected, attempt in cases.items():
         result = attempt()
@@ -126,8 +133,7 @@ def _raw(publisher, adapter, config, edit, text=None):
 
 def _tamper_checksum(publisher, adapter, config, version):
     plan = publisher.plan(adapter, config, version)
-    t0 = dataclasses.replace(plan.manifest.tensors[0], checksum="f" * 32)
-    plan.manifest = dataclasses.replace(plan.manifest, tensors=(t0,) + plan.manifest.tensors[1:])
+    plan.manifest = dataclasses.replace(plan.manifest, checksums="f" * 32 + plan.manifest.checksums[32:])
     return publisher.send(plan)
 
 

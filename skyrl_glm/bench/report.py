@@ -22,6 +22,8 @@ def _summarise(path: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "label": PATH_LABELS[path],
         "stages_s": stages,
         "total_s": sum(v for v in stages.values() if v is not None),
+        # the receiver's first update (warm-up included), validated in full; later ones reuse its accepted layout
+        "verify_first_s": last["receiver"].get("verify_first_s"),
         "sent_tensors": last["sent_tensors"],
         "sent_bytes": last["sent_bytes"],
         "verified": last["verified"],
@@ -71,6 +73,7 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     for st in STAGES:
         t.add_row(st, *(_fmt_s(paths[p]["stages_s"][st]) for p in paths))
     t.add_row("[bold]total[/]", *(f"[bold]{_fmt_s(paths[p]['total_s'])}[/]" for p in paths), end_section=True)
+    t.add_row("verify, first update", *(_fmt_s(paths[p].get("verify_first_s")) for p in paths))
     t.add_row("public tensors", *(f"{a['public_tensors']:,}" for _ in paths))
     t.add_row("public GB", *(f"{a['public_bytes'] / GB:.3f}" for _ in paths))
     t.add_row("unique tensors", *(f"{a['unique_tensors']:,}" for _ in paths))

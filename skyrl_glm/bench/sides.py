@@ -75,7 +75,7 @@ class Sender:
         synchronize(self.device)
         t2 = time.perf_counter()
         # The sent tensors packed into the transport's buffer (counted as transfer, as SkyRL's transfer engine packs).
-        entries, total = layout(folded, ["0" * 32] * len(folded))  # SkyRL sends no checksums: a placeholder
+        entries, total = layout(folded)
         buffer = self.transport.staging(total, self.device)
         pack_into(buffer, entries, list(folded.values()))
         synchronize(self.device)
@@ -88,6 +88,7 @@ class Sender:
             aliases=aliases,
             total_bytes=total,
             bucket_bytes=self.opts.bucket_mb << 20,
+            checksums="",  # SkyRL sends none
         )
         public_bytes = sum(t.numel() * t.element_size() for t in self.public.values())
         plan = SyncPlan(manifest, views(buffer, entries), len(self.public), public_bytes, {}, buffer)
@@ -161,8 +162,14 @@ class Receiver:
     """The sampler side: receives (ours: verified; skyrl: as SkyRL does) and checks the result bit for bit."""
 
     def __init__(self, opts: BenchOptions, syn: Synthetic, transport: Any) -> None:
+        from skyrl_glm.sync.receiver import AdapterReceiver
+
         self.opts, self.syn, self.transport = opts, syn, transport
         self.device = torch.device(opts.recv_device)
+        # One receiver for every round, committing each accepted version, as the vLLM worker does: its first update
+        # is validated in full (reported as verify_first_s), later ones with the layout it accepted.
+        self.ours = AdapterReceiver(self.device)
+        self.verify_first_s: float | None = None
         scale = opts.alpha / opts.rank
         self.expected = {
             k: fold_value(v.to(self.device), scale) if _is_b(k) else v.to(self.device) for k, v in syn.unique.items()
@@ -172,11 +179,12 @@ class Receiver:
         handle = json.loads(handle_json)
         base = _reset_peak(self.device)
         if path == "ours":
-            from skyrl_glm.sync.receiver import AdapterReceiver
-
-            got = AdapterReceiver(self.device).receive(manifest_json, handle, self.transport)
+            got = self.ours.receive(manifest_json, handle, self.transport)
             synchronize(self.device)
-            tensors, timings = got.tensors, dict(got.timings)
+            self.ours.commit(got.version)
+            if self.verify_first_s is None:
+                self.verify_first_s = got.timings["verify_s"]
+            tensors, timings = got.tensors, {**got.timings, "verify_first_s": self.verify_first_s}
         else:
             tensors, timings = self._receive_skyrl(manifest_json, handle)
         peak = _peak_since(self.device, base)
@@ -192,11 +200,18 @@ class Receiver:
 
         t0 = time.perf_counter()
         d = json.loads(manifest_json)
-        entries = tuple(
-            TensorEntry(e["name"], e["dtype"], tuple(e["shape"]), e["offset"], e["nbytes"], "") for e in d["tensors"]
+        lay = d["layout"]
+        entries = tuple(TensorEntry(n, dt, tuple(shape), o, nb) for n, dt, shape, o, nb in lay["tensors"])
+        manifest = Manifest(
+            version=d["version"],
+            lora_name=lay["lora_name"],
+            adapter_config=lay["adapter_config"],
+            tensors=entries,
+            aliases=lay["aliases"],
+            total_bytes=lay["total_bytes"],
+            bucket_bytes=lay["bucket_bytes"],
+            checksums=d["checksums"],
         )
-        fields = ("version", "lora_name", "adapter_config")
-        manifest = Manifest(*(d[k] for k in fields), entries, d["aliases"], d["total_bytes"], d["bucket_bytes"])
         self.transport.incoming_bytes(manifest, handle)
         staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
         self.transport.receive(manifest, handle, staging)

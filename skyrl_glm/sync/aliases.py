@@ -21,6 +21,7 @@ import bisect
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 MAX_INDEX = 1 << 20  # largest run index accepted from a peer (an expert index, not a memory size)
 MAX_RUN_NAMES = 1 << 24  # public names all runs of one update may expand to
@@ -78,6 +79,27 @@ class AliasRun:
         if not head.endswith(".") or not tail.startswith(".") or "\n" in head or "\n" in tail:
             raise AliasError(f"alias run #{i}: the index must be a whole dotted component ({head!r} .. {tail!r})")
         return run
+
+
+def runs_from_json(raw: list) -> tuple[AliasRun, ...]:
+    """Every run of a manifest. Well-formed runs (~450 per full GLM-5.3 update) are checked column-wise at C speed;
+    any failure re-reads them one by one (:meth:`AliasRun.from_json`) for the precise reason."""
+    if raw and set(map(type, raw)) == {list} and set(map(len, raw)) == {5}:
+        heads, starts, stops, tails, sents = zip(*raw, strict=True)
+        if (
+            {*map(type, heads), *map(type, tails), *map(type, sents)} == {str}
+            and {*map(type, starts), *map(type, stops)} == {int}
+            and all(map(_ordered, starts, stops))
+            and all(map(str.endswith, heads, repeat(".")))
+            and all(map(str.startswith, tails, repeat(".")))
+            and "\n" not in "".join(heads) + "".join(tails)
+        ):
+            return tuple(map(AliasRun, heads, starts, stops, tails, sents))
+    return tuple(AliasRun.from_json(r, i) for i, r in enumerate(raw))
+
+
+def _ordered(start: int, stop: int) -> bool:
+    return 0 <= start < stop <= MAX_INDEX
 
 
 _INDEX = re.compile(r"(?<=\.)(?:0|[1-9][0-9]*)(?=\.)")
@@ -138,30 +160,37 @@ class NameIndex:
                 if start < stop:
                     raise AliasError(f"alias runs {key[0]}[...]{key[1]} overlap at index {start} ({a!r}, {b!r})")
         self._starts = {k: [iv[0] for iv in v] for k, v in self.runs.items()}
-        self._check_unambiguous()
-        for name, sent in explicit.items():
-            run_sent = self._in_run(name)
-            if run_sent is not None and not (name == sent == run_sent):
-                raise AliasError(f"public name {name!r} is both explicit and in an alias run")
-
-    def _check_unambiguous(self) -> None:
-        """No name of one run is also a name of another run read at another component: for run ``(h1, t1)`` and a
-        numeric component ``j`` of ``h1`` (``h1 = h2 + j + rest``), a run ``(h2, t2)`` with ``t2 = rest + i + t1``
-        names ``h1 + i + t1`` too when ``i`` is in the first run's range and ``j`` in the second's."""
         tails: dict[str, list[str]] = {}
         for head, tail in self.runs:
             tails.setdefault(head, []).append(tail)
-        for head, tail in self.runs:
+        self._check_unambiguous(tails)
+        # Only a name with a run's head and a run's tail can be in a run: two C-level tests skip the rest.
+        heads, ends = tuple(tails), tuple({tail for _, tail in self.runs})
+        for name, sent in explicit.items():
+            if name.startswith(heads) and name.endswith(ends):
+                run_sent = self._in_run(name)
+                if run_sent is not None and not (name == sent == run_sent):
+                    raise AliasError(f"public name {name!r} is both explicit and in an alias run")
+
+    def _check_unambiguous(self, tails: dict[str, list[str]]) -> None:
+        """No name of one run is also a name of another run read at another component: for run ``(h1, t1)`` and a
+        numeric component ``j`` of ``h1`` (``h1 = h2 + j + rest``), a run ``(h2, t2)`` with ``t2 = rest + i + t1``
+        names ``h1 + i + t1`` too when ``i`` is in the first run's range and ``j`` in the second's. ``tails``: the
+        run tails per head (each head is split once)."""
+        for head, own_tails in tails.items():
             for h2, j, rest in split_index(head + "x"):
                 rest = rest[:-1]  # drop the "x" that made the index's own component not count
                 for t2 in tails.get(h2, ()):
-                    middle = t2[len(rest) : len(t2) - len(tail)]
-                    if not (t2.startswith(rest) and t2.endswith(tail) and len(t2) >= len(rest) + len(tail)):
-                        continue
-                    if not middle.isdigit() or not middle.isascii() or (middle != "0" and middle[0] == "0"):
-                        continue
-                    if self._interval((head, tail), int(middle)) and self._interval((h2, t2), j):
-                        raise AliasError(f"alias runs {head}[...]{tail} and {h2}[...]{t2} can name the same tensor")
+                    for tail in own_tails:
+                        middle = t2[len(rest) : len(t2) - len(tail)]
+                        if not (t2.startswith(rest) and t2.endswith(tail) and len(t2) >= len(rest) + len(tail)):
+                            continue
+                        if not middle.isdigit() or not middle.isascii() or (middle != "0" and middle[0] == "0"):
+                            continue
+                        if self._interval((head, tail), int(middle)) and self._interval((h2, t2), j):
+                            raise AliasError(
+                                f"alias runs {head}[...]{tail} and {h2}[...]{t2} can name the same tensor"
+                            )
 
     def _in_run(self, name: str) -> str | None:
         """The sent name a run gives ``name``, or None."""

@@ -2,23 +2,32 @@
 
 It travels on the control channel (never pickle: a peer on the sync channel must not be able to run code
 in the sampler) and lets the receiver verify the bytes that arrive on the data channel.
+
+Format ``skyrl-glm/lora-sync/3``: what changes per update (``version``, ``checksums``, ``extra``) beside the
+``layout`` (names, dtypes, shapes, offsets, aliases, sizes), which is the same for every update of a run. A receiver
+passes the manifest it last accepted as ``known``: an identical layout reuses that manifest's validated objects, and
+only the per-update fields are checked (validation is a pure function of the layout, so the verdict is the same).
 """
 
 from __future__ import annotations
 
 import json
+import marshal
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from itertools import chain
+from typing import Any, NamedTuple
 
 import torch
 
-from skyrl_glm.sync.aliases import AliasError, AliasRun, NameIndex
+from skyrl_glm.sync.aliases import AliasError, AliasRun, NameIndex, runs_from_json
 
-FORMAT = "skyrl-glm/lora-sync/2"
+FORMAT = "skyrl-glm/lora-sync/3"
 ALIGN = 64  # byte alignment of every tensor in the packed stream
+CHECKSUM_CHARS = 32  # hex digits of one tensor's checksum (two int64 sums, see ``sync/checksum.py``)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -42,36 +51,61 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def views(stream: torch.Tensor, entries: Sequence[TensorEntry]) -> list[torch.Tensor]:
-    """Each entry's tensor as a view of the packed ``uint8`` stream (no copy)."""
-    return [stream[e.offset : e.offset + e.nbytes].view(DTYPES[e.dtype]).view(e.shape) for e in entries]
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """One unique tensor on the wire: bytes ``[offset, offset + nbytes)`` of the packed stream."""
+class TensorEntry(NamedTuple):
+    """One unique tensor on the wire: bytes ``[offset, offset + nbytes)`` of the packed stream (a tuple: 1,389 of
+    them are built per full GLM-5.3 manifest parse, at a third of a frozen dataclass's cost)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     offset: int
     nbytes: int
-    checksum: str
 
 
-def pack_entries(
-    items: Iterable[tuple[str, str, tuple[int, ...], int, str]],
-) -> tuple[tuple[TensorEntry, ...], int]:
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Contiguous strides of ``shape``, in elements."""
+    out, step = [], 1
+    for dim in reversed(shape):
+        out.append(step)
+        step *= dim
+    return tuple(reversed(out))
+
+
+def views(stream: torch.Tensor, entries: Sequence[TensorEntry]) -> list[torch.Tensor]:
+    """Each entry's tensor as a view of the packed ``uint8`` stream (no copy): one typed view of the stream per dtype,
+    then one ``as_strided`` per tensor (a third of the cost of slicing and viewing each tensor twice)."""
+    out: list[Any] = [None] * len(entries)
+    by_dtype: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        by_dtype.setdefault(e.dtype, []).append(i)
+    strides: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for dtype, index in by_dtype.items():
+        size = DTYPES[dtype].itemsize
+        typed = stream[: stream.numel() // size * size].view(DTYPES[dtype])
+        base = typed.storage_offset()
+        shapes = [entries[i].shape for i in index]
+        for s in set(shapes) - strides.keys():
+            strides[s] = _strides(s)
+        offsets = [base + entries[i].offset // size for i in index]
+        typed_views = map(typed.as_strided, shapes, map(strides.__getitem__, shapes), offsets)
+        for i, view in zip(index, typed_views, strict=True):
+            out[i] = view
+    return out
+
+
+def pack_entries(items: Iterable[tuple[str, str, tuple[int, ...], int]]) -> tuple[tuple[TensorEntry, ...], int]:
     """Lay tensors out back to back, each at an ``ALIGN``-byte offset: ``(entries, total_bytes)`` from
-    ``(name, dtype, shape, nbytes, checksum)`` in stream order."""
+    ``(name, dtype, shape, nbytes)`` in stream order."""
     entries, offset = [], 0
-    for name, dtype, shape, nbytes, checksum in items:
-        entries.append(TensorEntry(name, dtype, tuple(shape), offset, nbytes, checksum))
+    for name, dtype, shape, nbytes in items:
+        entries.append(TensorEntry(name, dtype, tuple(shape), offset, nbytes))
         offset += align(nbytes)
     return tuple(entries), offset
 
 
 MAX_INT = 2**63 - 1  # versions, sizes and offsets must fit an int64 (vLLM serialises results with msgpack)
+_KIND = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+_HEX = re.compile(r"[0-9a-f]*")
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -80,67 +114,86 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _field(d: dict[str, Any], key: str, kind: type, what: str) -> Any:
-    if key not in d:
-        raise ManifestError(f"{what}: missing field {key!r}")
-    value = d[key]
+def _typed(value: Any, key: str, kind: type, what: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ManifestError(f"{what}: field {key!r} must be {_KIND[kind]}, got {type(value).__name__} {value!r:.40}")
     return value
 
 
-def _count(d: dict[str, Any], key: str, what: str) -> int:
+def _in_range(value: Any, key: str, what: str) -> int:
     """A non-negative JSON integer that fits an int64."""
-    value = _field(d, key, int, what)
+    _typed(value, key, int, what)
     if not 0 <= value <= MAX_INT:
         raise ManifestError(f"{what}: field {key!r} = {value} is outside 0..2**63-1")
     return value
 
 
-_KIND = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
-_CHECKSUM = re.compile(r"[0-9a-f]{32}")
+def _field(d: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    if key not in d:
+        raise ManifestError(f"{what}: missing field {key!r}")
+    return _typed(d[key], key, kind, what)
 
 
-def _tensor_entry(raw: Any, i: int) -> TensorEntry:
-    # Fast path for a well-formed entry (1,389 per full GLM-5.3 update); anything else gets the precise reason.
-    if type(raw) is dict and len(raw) == 6:
-        name, dtype, shape = raw.get("name"), raw.get("dtype"), raw.get("shape")
-        offset, nbytes, checksum = raw.get("offset"), raw.get("nbytes"), raw.get("checksum")
-        if (
-            type(name) is str
-            and type(dtype) is str
-            and type(shape) is list
-            and all(type(x) is int and 0 <= x <= MAX_INT for x in shape)
-            and type(offset) is int
-            and 0 <= offset <= MAX_INT
-            and type(nbytes) is int
-            and 0 <= nbytes <= MAX_INT
-            and type(checksum) is str
-            and _CHECKSUM.fullmatch(checksum)
-        ):
-            return TensorEntry(name, dtype, tuple(shape), offset, nbytes, checksum)
-    return _tensor_entry_checked(raw, i)
+def _count(d: dict[str, Any], key: str, what: str) -> int:
+    if key not in d:
+        raise ManifestError(f"{what}: missing field {key!r}")
+    return _in_range(d[key], key, what)
 
 
-def _tensor_entry_checked(raw: Any, i: int) -> TensorEntry:
-    what = f"tensor #{i}"
-    t = _object(raw, what)
-    name = _field(t, "name", str, what)
+_ROW = "[name, dtype, shape, offset, nbytes]"
+
+
+def _tensor_entries(rows: list[Any]) -> tuple[TensorEntry, ...]:
+    """The tensor table. A well-formed table (1,389 rows per full GLM-5.3 update) is checked column-wise at C speed;
+    any failure re-reads it row by row for the precise reason."""
+    if not rows:
+        return ()
+    if set(map(type, rows)) == {list} and set(map(len, rows)) == {5}:
+        names, dtypes, shapes, offsets, nbytes = zip(*rows, strict=True)
+        if {*map(type, names), *map(type, dtypes)} == {str} and set(map(type, shapes)) == {list}:
+            ints = [*offsets, *nbytes, *chain.from_iterable(shapes)]
+            if set(map(type, ints)) == {int} and min(ints) >= 0 and max(ints) <= MAX_INT:
+                return tuple(map(TensorEntry, names, dtypes, map(tuple, shapes), offsets, nbytes))
+    return tuple(_tensor_entry(row, i) for i, row in enumerate(rows))
+
+
+def _tensor_entry(row: Any, i: int) -> TensorEntry:
+    if not isinstance(row, list) or len(row) != 5:
+        raise ManifestError(f"tensor #{i} must be {_ROW}, got {row!r:.80}")
+    name, dtype, shape, offset, nbytes = row
+    name = _typed(name, "name", str, f"tensor #{i}")
     what = f"tensor {name!r}"
-    shape = _field(t, "shape", list, what)
+    _typed(shape, "shape", list, what)
     if any(not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= MAX_INT for s in shape):
         raise ManifestError(f"{what}: shape {shape!r:.80} must be a list of non-negative integers")
-    checksum = _field(t, "checksum", str, what)
-    if not _CHECKSUM.fullmatch(checksum):
-        raise ManifestError(f"{what}: checksum {checksum!r:.40} is not 32 lowercase hex digits")
     return TensorEntry(
-        name=name,
-        dtype=_field(t, "dtype", str, what),
-        shape=tuple(shape),
-        offset=_count(t, "offset", what),
-        nbytes=_count(t, "nbytes", what),
-        checksum=checksum,
+        name,
+        _typed(dtype, "dtype", str, what),
+        tuple(shape),
+        _in_range(offset, "offset", what),
+        _in_range(nbytes, "nbytes", what),
     )
+
+
+def _aliases(layout: dict[str, Any]) -> dict[str, str]:
+    aliases = _field(layout, "aliases", dict, "manifest layout")
+    if set(map(type, aliases.values())) - {str}:
+        k, v = next((k, v) for k, v in aliases.items() if not isinstance(v, str))
+        raise ManifestError(f"alias {k!r} must map to a string, got {type(v).__name__}")
+    return aliases
+
+
+def _layout_key(layout: dict[str, Any]) -> bytes | None:
+    """The layout's identity: ``marshal`` version 2 (no object references) writes each JSON value with its type, so
+    equal keys mean the same values of the same types (``==`` alone takes ``1``, ``1.0`` and ``true`` for one
+    another); 0.2 ms for a full GLM-5.3 layout. None for a value too deep to marshal (no memo then)."""
+    try:
+        return marshal.dumps(layout, 2)
+    except ValueError:
+        return None
+
+
+_LAYOUT_CACHES = ("names", "spans", "run_names")  # what Manifest derives from its layout alone (cached properties)
 
 
 @dataclass(frozen=True)
@@ -152,9 +205,13 @@ class Manifest:
     aliases: dict[str, str]  # public name -> sent name
     total_bytes: int
     bucket_bytes: int
+    # CHECKSUM_CHARS lowercase hex digits per tensor, in tensor order: one string, checked and compared in one go
+    checksums: str
     format: str = FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
     alias_runs: tuple[AliasRun, ...] = ()  # compact rules for most aliases (see ``sync/aliases.py``)
+    # set by from_json: the parsed layout's identity (see _layout_key); None for a manifest built in code
+    layout_key: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
     @cached_property
     def names(self) -> NameIndex:
@@ -163,6 +220,25 @@ class Manifest:
         explicit = {t.name: t.name for t in self.tensors}
         explicit.update(self.aliases)
         return NameIndex(explicit, self.alias_runs)
+
+    @cached_property
+    def spans(self) -> list[tuple[int, int, str]]:
+        """``(offset, nbytes, dtype)`` per tensor: what :func:`~skyrl_glm.sync.checksum.span_checks` reads."""
+        return [(t.offset, t.nbytes, t.dtype) for t in self.tensors]
+
+    @cached_property
+    def run_names(self) -> list[str]:
+        """Every alias run's public names, run after run (116,292 strings per full GLM-5.3 update: built once per
+        layout, since the memo of :meth:`from_json` hands them on)."""
+        return list(chain.from_iterable(run.names() for run in self.alias_runs))
+
+    def checksum(self, i: int) -> str:
+        """Tensor ``i``'s checksum."""
+        return self.checksums[i * CHECKSUM_CHARS : (i + 1) * CHECKSUM_CHARS]
+
+    def same_layout(self, other: Manifest | None) -> bool:
+        """Whether both were parsed from one layout (``from_json`` with ``known=other`` reused ``other``'s)."""
+        return other is not None and self.layout_key is not None and self.layout_key == other.layout_key
 
     def alias_map(self) -> dict[str, str]:
         """Every alias as ``{public: sent}`` (runs expanded; SkyRL's wire form)."""
@@ -198,34 +274,32 @@ class Manifest:
         return build_lora_receive_target(self.lora_name, self.adapter_config, self.alias_map())
 
     def to_json(self) -> str:
-        d = {
-            "format": self.format,
-            "version": self.version,
+        layout = {
             "lora_name": self.lora_name,
             "adapter_config": self.adapter_config,
-            "tensors": [
-                {
-                    "name": t.name,
-                    "dtype": t.dtype,
-                    "shape": t.shape,
-                    "offset": t.offset,
-                    "nbytes": t.nbytes,
-                    "checksum": t.checksum,
-                }
-                for t in self.tensors
-            ],
+            "tensors": [[t.name, t.dtype, t.shape, t.offset, t.nbytes] for t in self.tensors],
             "aliases": self.aliases,
             "alias_runs": [r.to_json() for r in self.alias_runs],
             "total_bytes": self.total_bytes,
             "bucket_bytes": self.bucket_bytes,
+        }
+        d = {
+            "format": self.format,
+            "version": self.version,
+            "checksums": self.checksums,
+            "layout": layout,
             "extra": self.extra,
         }
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> Manifest:
+    def from_json(cls, text: str, known: Manifest | None = None) -> Manifest:
         """Parse with strict JSON types (no coercion: ``"7"``, ``7.9`` and ``true`` are not versions), then
-        :meth:`validate`. Every problem is one :class:`ManifestError` naming the field."""
+        :meth:`validate`. Every problem is one :class:`ManifestError` naming the field.
+
+        ``known``: a manifest the caller parsed here before and accepted. When the layout is identical to known's
+        (:func:`_layout_key`), known's validated tensor table, alias runs and name index are reused and only
+        ``version``, ``checksums`` and ``extra`` are checked; any other layout is validated in full."""
         if not isinstance(text, str):
             raise ManifestError(f"manifest must be JSON text, got {type(text).__name__}")
         try:
@@ -235,35 +309,66 @@ class Manifest:
         d = _object(d, "manifest")
         if d.get("format") != FORMAT:
             raise ManifestError(f"unknown manifest format {d.get('format')!r}, expected {FORMAT!r}")
-        raw_tensors = _field(d, "tensors", list, "manifest")
-        tensors = tuple(_tensor_entry(t, i) for i, t in enumerate(raw_tensors))
-        aliases = _field(d, "aliases", dict, "manifest")
-        for k, v in aliases.items():
-            if not isinstance(v, str):
-                raise ManifestError(f"alias {k!r} must map to a string, got {type(v).__name__}")
-        try:
-            runs = tuple(AliasRun.from_json(r, i) for i, r in enumerate(_field(d, "alias_runs", list, "manifest")))
-        except AliasError as e:
-            raise ManifestError(str(e)) from None
-        m = cls(
-            version=_count(d, "version", "manifest"),
-            lora_name=_field(d, "lora_name", str, "manifest"),
-            adapter_config=_field(d, "adapter_config", dict, "manifest"),
-            tensors=tensors,
-            aliases=aliases,
-            total_bytes=_count(d, "total_bytes", "manifest"),
-            bucket_bytes=_count(d, "bucket_bytes", "manifest"),
-            extra=_field(d, "extra", dict, "manifest") if "extra" in d else {},
-            alias_runs=runs,
-        )
-        m.validate()
+        version = _count(d, "version", "manifest")
+        checksums = _field(d, "checksums", str, "manifest")
+        extra = _field(d, "extra", dict, "manifest") if "extra" in d else {}
+        layout = _field(d, "layout", dict, "manifest")
+        key = _layout_key(layout)
+        if known is not None and key is not None and key == known.layout_key:
+            m = cls(
+                version=version,
+                lora_name=known.lora_name,
+                adapter_config=layout["adapter_config"],  # equal to known's; a fresh dict the caller may keep
+                tensors=known.tensors,
+                aliases=layout["aliases"],
+                total_bytes=known.total_bytes,
+                bucket_bytes=known.bucket_bytes,
+                checksums=checksums,
+                extra=extra,
+                alias_runs=known.alias_runs,
+            )
+            m.__dict__.update({k: known.__dict__[k] for k in _LAYOUT_CACHES if k in known.__dict__})
+            m._check_update_fields()
+        else:
+            what = "manifest layout"
+            try:
+                runs = runs_from_json(_field(layout, "alias_runs", list, what))
+            except AliasError as e:
+                raise ManifestError(str(e)) from None
+            m = cls(
+                version=version,
+                lora_name=_field(layout, "lora_name", str, what),
+                adapter_config=_field(layout, "adapter_config", dict, what),
+                tensors=_tensor_entries(_field(layout, "tensors", list, what)),
+                aliases=_aliases(layout),
+                total_bytes=_count(layout, "total_bytes", what),
+                bucket_bytes=_count(layout, "bucket_bytes", what),
+                checksums=checksums,
+                extra=extra,
+                alias_runs=runs,
+            )
+            m.validate()
+        object.__setattr__(m, "layout_key", key)
         return m
+
+    def _check_update_fields(self) -> None:
+        """The per-update fields: version and the checksums (their count follows the tensor table)."""
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or not 0 <= self.version <= MAX_INT:
+            raise ManifestError(f"version {self.version!r} is not an integer in 0..2**63-1")
+        want = CHECKSUM_CHARS * len(self.tensors)
+        if len(self.checksums) != want:
+            raise ManifestError(
+                f"checksums: {len(self.checksums)} characters for {len(self.tensors)} tensors, expected {want}"
+            )
+        if not _HEX.fullmatch(self.checksums):
+            raise ManifestError("checksums: not all lowercase hex digits")
 
     def validate(self) -> None:
         """Structural checks that need no tensor data."""
         if not self.lora_name:
             raise ManifestError("empty lora_name")
-        for key in ("version", "total_bytes", "bucket_bytes"):
+        self._check_update_fields()
+        for key in ("total_bytes", "bucket_bytes"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
                 raise ManifestError(f"{key} {value!r} is not an integer in 0..2**63-1")
@@ -286,21 +391,19 @@ class Manifest:
             names.add(t.name)
             if t.dtype not in DTYPES:
                 raise ManifestError(f"tensor {t.name!r}: unsupported dtype {t.dtype!r}")
-            numel = 1
-            for s in t.shape:
-                numel *= s
-            if t.nbytes != numel * DTYPES[t.dtype].itemsize:
+            if t.nbytes != math.prod(t.shape) * DTYPES[t.dtype].itemsize:
                 raise ManifestError(f"tensor {t.name!r}: nbytes {t.nbytes} does not match {t.dtype}{list(t.shape)}")
             if t.offset < end or t.offset % ALIGN:
                 raise ManifestError(f"tensor {t.name!r}: offset {t.offset} overlaps or is misaligned")
             end = t.offset + t.nbytes
         if end > self.total_bytes:
             raise ManifestError(f"tensors end at byte {end} > total_bytes {self.total_bytes}")
-        for public, sent in self.aliases.items():
-            if public in names:
-                raise ManifestError(f"alias {public!r} shadows a sent tensor")
-            if sent not in names:
-                raise ManifestError(f"alias {public!r} -> {sent!r}, which is not sent")
+        if not names.isdisjoint(self.aliases):
+            public = next(p for p in self.aliases if p in names)
+            raise ManifestError(f"alias {public!r} shadows a sent tensor")
+        if not names.issuperset(self.aliases.values()):
+            public, sent = next((p, s) for p, s in self.aliases.items() if s not in names)
+            raise ManifestError(f"alias {public!r} -> {sent!r}, which is not sent")
         for run in self.alias_runs:
             if run.sent not in names:
                 raise ManifestError(

@@ -81,14 +81,10 @@ def zeroed(nbytes: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(nbytes, dtype=torch.uint8, device=device)
 
 
-def layout(
-    tensors: Mapping[str, torch.Tensor], checksums: Sequence[str] | None = None
-) -> tuple[list[TensorEntry], int]:
+def layout(tensors: Mapping[str, torch.Tensor]) -> tuple[list[TensorEntry], int]:
     """``(entries, total_bytes)``: entries at 64-byte aligned offsets, in the order given."""
-    sums = checksums if checksums is not None else [""] * len(tensors)
     entries, total = pack_entries(
-        (name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), cs)
-        for (name, t), cs in zip(tensors.items(), sums, strict=True)
+        (name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size()) for name, t in tensors.items()
     )
     return list(entries), total
 
@@ -186,9 +182,6 @@ def _build_plan(
     synchronize(buffer.device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
     t4 = time.perf_counter()
     sums, _ = span_checks(buffer, [(e.offset, e.nbytes, e.dtype) for e in entries])
-    entries = [
-        TensorEntry(e.name, e.dtype, e.shape, e.offset, e.nbytes, cs) for e, cs in zip(entries, sums, strict=True)
-    ]
     t5 = time.perf_counter()
     manifest = Manifest(
         version=version,
@@ -198,6 +191,7 @@ def _build_plan(
         aliases=explicit,
         total_bytes=total,
         bucket_bytes=bucket_bytes,
+        checksums="".join(sums),
         alias_runs=tuple(runs),
     )
     manifest.validate()

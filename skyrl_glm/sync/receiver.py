@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from typing import Any
 
 import torch
@@ -79,19 +80,26 @@ def structure_errors(manifest: Manifest) -> str | None:
 
 def rebuild(manifest: Manifest, sent: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every public name -> its sent tensor (views, no copies): SkyRL's ``expand_lora_aliases`` for the explicit
-    aliases, then each alias run in one ``dict.fromkeys``."""
+    aliases, then the alias runs' names (:attr:`Manifest.run_names`, kept with the layout) in one update."""
     tensors = expand_lora_aliases(sent, manifest.aliases)
-    for run in manifest.alias_runs:
-        tensors.update(dict.fromkeys(run.names(), sent[run.sent]))
+    runs = manifest.alias_runs
+    shown = chain.from_iterable(map(repeat, [sent[run.sent] for run in runs], [run.stop - run.start for run in runs]))
+    tensors.update(zip(manifest.run_names, shown, strict=True))
     return tensors
 
 
 class AdapterReceiver:
-    """Stages updates into private memory on ``device`` and verifies them; tracks the accepted version."""
+    """Stages updates into private memory on ``device`` and verifies them; tracks the accepted version.
+
+    ``known`` is the manifest of the last update :meth:`receive` accepted (never a rejected one); the next update with
+    the identical layout reuses its validation and structure check. It is set on accept, not on :meth:`commit`: what
+    it vouches for is the layout's verdict, a pure function of the layout that the update earned whether or not the
+    engine then loads it (the version order is commit's, checked separately)."""
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self.version: int | None = None
+        self.known: Manifest | None = None
 
     def _admit(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> tuple[Manifest, float]:
         """Every check that needs no byte of the stream, the stream's size (from the transport) included;
@@ -99,14 +107,15 @@ class AdapterReceiver:
         if not isinstance(handle, dict):
             raise UpdateRejected(f"transport handle must be a JSON object, got {type(handle).__name__}")
         try:
-            manifest = Manifest.from_json(manifest_json)
+            manifest = Manifest.from_json(manifest_json, known=self.known)
         except ManifestError as e:
             raise UpdateRejected(str(e)) from None
         if self.version is not None and manifest.version <= self.version:
             raise UpdateRejected(f"version {manifest.version} is not newer than the serving version {self.version}")
-        problem = structure_errors(manifest)
-        if problem:
-            raise UpdateRejected(problem)
+        if not manifest.same_layout(self.known):  # an accepted layout passed this check already
+            problem = structure_errors(manifest)
+            if problem:
+                raise UpdateRejected(problem)
         t0 = time.perf_counter()
         try:
             held = transport.incoming_bytes(manifest, handle)
@@ -144,22 +153,26 @@ class AdapterReceiver:
         except TransportError as e:
             raise UpdateRejected(f"transfer failed: {e}") from None
         t2 = time.perf_counter()
-        sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
         if verify:
-            got, finite = span_checks(staging, [(e.offset, e.nbytes, e.dtype) for e in manifest.tensors])
-            for entry, cs in zip(manifest.tensors, got, strict=True):
-                if cs != entry.checksum:
-                    raise UpdateRejected(f"checksum mismatch on {entry.name!r} (corrupt or partial transfer)")
-            bad = [e.name for e, ok in zip(manifest.tensors, finite, strict=True) if not ok]
-            if bad:
-                raise UpdateRejected(f"non-finite values (NaN/inf) in {bad[:3]}{'...' if len(bad) > 3 else ''}")
+            got, finite = span_checks(staging, manifest.spans)
+            if "".join(got) != manifest.checksums:
+                i = next(i for i, cs in enumerate(got) if cs != manifest.checksum(i))
+                name = manifest.tensors[i].name
+                raise UpdateRejected(f"checksum mismatch on {name!r} (corrupt or partial transfer)")
+            if not all(finite):
+                bad_names = [e.name for e, ok in zip(manifest.tensors, finite, strict=True) if not ok]
+                more = "..." if len(bad_names) > 3 else ""
+                raise UpdateRejected(f"non-finite values (NaN/inf) in {bad_names[:3]}{more}")
         t3 = time.perf_counter()
+        sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
         tensors = rebuild(manifest, sent)
         timings = {
             "transfer_s": t2 - t1 + waited,
             "verify_s": (t1 - t0 - waited) + (t3 - t2),
+            "verify_manifest_s": t1 - t0 - waited,  # of verify_s: parse, checks and structure, before any byte
             "rebuild_s": time.perf_counter() - t3,
         }
+        self.known = manifest
         return ReceivedAdapter(manifest.version, manifest.lora_name, manifest.adapter_config, tensors, timings)
 
     def commit(self, version: int) -> None:

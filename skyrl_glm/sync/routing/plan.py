@@ -319,6 +319,7 @@ class RoutingPlan:
         for public, key in need.items():
             by_piece.setdefault(key, []).append(public)
         entries: list[TensorEntry] = []
+        sums: list[str] = []
         aliases: dict[str, str] = {}
         routes: list[dict[str, Any]] = []
         base = 0
@@ -340,9 +341,8 @@ class RoutingPlan:
                 name = piece.sent if piece.sent in publics else publics[0]
                 if piece.key not in checksums:
                     raise RoutingError(f"no checksum for piece {piece.key}")
-                entries.append(
-                    TensorEntry(name, piece.dtype, piece.shape, base + rel.offset, piece.nbytes, checksums[piece.key])
-                )
+                entries.append(TensorEntry(name, piece.dtype, piece.shape, base + rel.offset, piece.nbytes))
+                sums.append(checksums[piece.key])
                 for p in publics:
                     if p != name:
                         aliases[p] = name
@@ -355,6 +355,7 @@ class RoutingPlan:
             aliases=aliases,
             total_bytes=base,
             bucket_bytes=self.bucket_bytes,
+            checksums="".join(sums),
             extra={"routing": {"receiver": receiver, "layout": self.layout.to_json()}},
         )
         manifest.validate()
@@ -362,7 +363,7 @@ class RoutingPlan:
 
 
 def _route_manifest(pieces: Sequence[Piece], plan_meta: Manifest, bucket_bytes: int) -> Manifest:
-    entries, total_bytes = pack_entries((p.key, p.dtype, p.shape, p.nbytes, "") for p in pieces)
+    entries, total_bytes = pack_entries((p.key, p.dtype, p.shape, p.nbytes) for p in pieces)
     return Manifest(
         version=plan_meta.version,
         lora_name=plan_meta.lora_name,
@@ -371,6 +372,7 @@ def _route_manifest(pieces: Sequence[Piece], plan_meta: Manifest, bucket_bytes: 
         aliases={},
         total_bytes=total_bytes,
         bucket_bytes=bucket_bytes,
+        checksums="",  # the receiver's manifest carries the checksums (receiver_update)
     )
 
 
