@@ -127,5 +127,7 @@ def test_mixed_stream_matches_a_brute_force_reference(seed):
         t = (p, p.clone(), p.view(p.shape), p[:])[how]
         stream.append((f"m.layers.{i % 5}.mlp.experts.{i}.w.lora_A.weight", t))
     d = deduplicate(stream)
-    assert d.names == _reference(stream)
+    reference = _reference(stream)
+    assert d.names == reference
+    assert list(d.unique) == list(reference)  # sent in stream order of first appearance
     assert d.public_count == len(stream)

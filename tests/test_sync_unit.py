@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from skyrl_glm.sync.manifest import Manifest, ManifestError
 from skyrl_glm.sync.dedup import deduplicate
+from skyrl_glm.sync.manifest import Manifest, ManifestError
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport

@@ -12,7 +12,7 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
     both sides
     manifest.py      Manifest / TensorEntry: the JSON that says exactly what an update holds
     aliases.py       AliasRun rules (expert-index ranges) for the alias map; NameIndex checks them without expanding
-    checksum.py      checksums + NaN/inf per tensor, also dedup's fingerprints (one Triton kernel on CUDA, numpy elsewhere)
+    checksum.py      checksums + NaN/inf per tensor, dedup's fingerprints (one Triton kernel on CUDA, numpy elsewhere)
     compare.py       byte equality of many tensor pairs in one launch (the sender's dedup proofs)
     nogc.py          the cyclic GC paused around one planning or receiving step
     update.py        UpdateResult and the Sampler protocol: what a publisher drives, engine independent

@@ -17,7 +17,8 @@ loop per name or per object on the common paths):
    Equal bytes, shape and dtype are one value wherever they occur (the zero-initialised ``lora_B`` of every layer,
    say); duplicates are released after their slice, so sender memory stays near the unique adapter.
 
-Each sent tensor's names keep stream order; its first name is its sent name.
+Sent tensors are in stream order of first appearance (a value told apart only after a fingerprint collision comes
+after its slice's other new values); each sent tensor's names keep stream order, the first is its sent name.
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ class _Deduper:
         earlier = np.fromiter(map(self.prints.get, uniq_keys, itertools.repeat(-1)), np.int64, len(uniq_keys))
         inverse = inverse.reshape(-1)
         ref = np.full(n, -1, dtype=np.int64)
-        for u in np.flatnonzero(earlier < 0).tolist():  # a new print: a new value
+        new = np.flatnonzero(earlier < 0)
+        for u in new[np.argsort(first[new])].tolist():  # a new print: a new value (in stream order)
             i = int(first[u])
             ref[i] = self.prints[uniq_keys[u]] = self._new(objs[i], kinds[i], words[i])
         rest = np.flatnonzero(ref < 0)  # a value with the print exists: the same kind, then the same bytes
