@@ -14,7 +14,9 @@ addresses (one launch, one host transfer for any number of tensors); elsewhere n
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -44,9 +46,36 @@ def _word_sums(words: np.ndarray) -> tuple[int, int]:
 
 
 def _finite(words: np.ndarray, dtype: str) -> bool:
+    """No value has every exponent bit set: the largest ``value & mask`` is below ``mask`` (two SIMD passes)."""
     mask, bits = _EXPONENT[dtype]
     values = words.view(np.int16) if bits == 16 else words
-    return not bool(((values & mask) == mask).any())
+    return values.size == 0 or int(np.bitwise_and(values, mask, dtype=values.dtype).max()) != mask
+
+
+_PARALLEL_BYTES = 4 << 20  # off the GPU, streams at least this large are checked by a thread per core
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _cpu_checks(words: np.ndarray, spans: Sequence[Span], finite: bool) -> list[tuple[int, int, bool]]:
+    """``(plain, weighted, finite)`` per span of ``words`` (numpy releases the GIL: the spans are split into one
+    contiguous run per core)."""
+
+    def run(part: Sequence[Span]) -> list[tuple[int, int, bool]]:
+        out = []
+        for o, n, dt in part:
+            w = words[o // 4 : (o + n + 3) // 4]
+            out.append((*_word_sums(w), _finite(w, dt) if finite else True))
+        return out
+
+    cores = min(os.cpu_count() or 1, 8)
+    if cores == 1 or words.nbytes < _PARALLEL_BYTES:
+        return run(spans)
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(cores, thread_name_prefix="skyrl-glm-checksum"))
+    ends = np.cumsum([n for _, n, _ in spans])
+    cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, cores) / cores).tolist(), len(spans)]
+    parts = [spans[a:b] for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+    return [r for part in _POOL[0].map(run, parts) for r in part]
 
 
 _TRITON: list = []
@@ -101,9 +130,10 @@ def _checks_cuda(device: torch.device, addrs: np.ndarray, words: np.ndarray, kin
     return out.cpu().numpy()
 
 
-def span_checks(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str], list[bool]]:
+def span_checks(stream: torch.Tensor, spans: Sequence[Span], finite: bool = True) -> tuple[list[str], list[bool]]:
     """Checksum and "every value finite" of each span of the packed ``uint8`` stream. Bytes between a span's
-    end and the next multiple of 4 count as padding and must be zero (the sender zeroes them)."""
+    end and the next multiple of 4 count as padding and must be zero (the sender zeroes them). ``finite=False``:
+    the flags are not needed (all True; saves a pass off the GPU, where the kernel gives them for free)."""
     if not spans:
         return [], []
     if stream.is_cuda:
@@ -116,9 +146,8 @@ def span_checks(stream: torch.Tensor, spans: Sequence[Span]) -> tuple[list[str],
         ).tolist()
         return _fmt(res), [r[2] == 0 for r in res]
     end = max(o + (n + 3) // 4 * 4 for o, n, _ in spans)
-    words = stream[:end].numpy().view(np.int32)
-    spans_words = [(words[o // 4 : (o + n + 3) // 4], dt) for o, n, dt in spans]
-    return _fmt([_word_sums(w) for w, _ in spans_words]), [_finite(w, dt) for w, dt in spans_words]
+    res = _cpu_checks(stream[:end].numpy().view(np.int32), spans, finite)
+    return _fmt(res), [r[2] for r in res]
 
 
 def checksums(tensors: Sequence[torch.Tensor]) -> list[str]:

@@ -37,6 +37,7 @@ from skyrl_glm.sync.nogc import paused_gc
 DEFAULT_BUCKET_BYTES = 512 << 20
 
 Staging = Callable[[int, torch.device], torch.Tensor]
+_FOLD_PIECE = 1 << 18  # elements folded at once off the GPU
 
 
 def alias_rules(names: Mapping[str, list[str]]) -> tuple[dict[str, str], list[AliasRun]]:
@@ -127,7 +128,10 @@ def _fold_regions(buffer: torch.Tensor, entries: Sequence[TensorEntry], r: int, 
     key = "region" + LORA_B_SUFFIX
     for dtype, start, end in regions:
         region = buffer[start:end].view(DTYPES[dtype])
-        region.copy_(fold_lora_alpha_for_vllm({key: region}, config_rank=r, alpha=alpha)[key])
+        # One call on a GPU; off it in cache-sized pieces (its float32 temporary of a whole region is page faults)
+        step = region.numel() if region.is_cuda else _FOLD_PIECE
+        for piece in region.split(step):
+            piece.copy_(fold_lora_alpha_for_vllm({key: piece}, config_rank=r, alpha=alpha)[key])
 
 
 def build_plan(
@@ -181,7 +185,7 @@ def _build_plan(
         _fold_regions(buffer, entries, r, alpha)
     synchronize(buffer.device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
     t4 = time.perf_counter()
-    sums, _ = span_checks(buffer, [(e.offset, e.nbytes, e.dtype) for e in entries])
+    sums, _ = span_checks(buffer, [(e.offset, e.nbytes, e.dtype) for e in entries], finite=False)
     t5 = time.perf_counter()
     manifest = Manifest(
         version=version,
