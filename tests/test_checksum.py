@@ -4,6 +4,7 @@ packed stream. (``test_checksum_gpu.py`` checks the Triton kernel against these.
 from __future__ import annotations
 
 import torch
+from packed_streams import packed
 
 from skyrl_glm.sync import checksum
 from skyrl_glm.sync.checksum import checksums, span_checks
@@ -16,14 +17,7 @@ def _stream() -> tuple[torch.Tensor, list, list[torch.Tensor]]:
     tensors = [torch.randn(n, generator=g).to(dtypes[i % 3]) for i, n in enumerate(sizes)]
     tensors[70][3] = float("nan")  # late spans: the second thread's part
     tensors[77][-1] = float("-inf")
-    spans, offset = [], 0
-    for t in tensors:
-        spans.append((offset, t.nbytes, str(t.dtype).removeprefix("torch.")))
-        offset += (t.nbytes + 63) // 64 * 64
-    stream = torch.zeros(offset, dtype=torch.uint8)
-    for (o, n, _), t in zip(spans, tensors, strict=True):
-        stream[o : o + n] = t.reshape(-1).view(torch.uint8)
-    return stream, spans, tensors
+    return (*packed(tensors), tensors)
 
 
 def test_threaded_checks_equal_serial(monkeypatch):

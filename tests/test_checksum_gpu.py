@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from packed_streams import packed
 
 from skyrl_glm.sync.checksum import checksums, fingerprints, span_checks
 from skyrl_glm.sync.compare import equal_pairs
@@ -19,14 +20,7 @@ def _stream(seed: int = 0) -> tuple[torch.Tensor, list]:
     tensors[3][5, 7] = float("nan")
     tensors[2][1] = float("inf")
     tensors[40][-1] = float("-inf")
-    spans, offset = [], 0
-    for t in tensors:
-        spans.append((offset, t.nbytes, str(t.dtype).removeprefix("torch.")))
-        offset += (t.nbytes + 63) // 64 * 64
-    stream = torch.zeros(offset, dtype=torch.uint8)
-    for (o, n, _), t in zip(spans, tensors, strict=True):
-        stream[o : o + n] = t.reshape(-1).view(torch.uint8)
-    return stream, spans
+    return packed(tensors)
 
 
 def test_span_checks_triton_equals_cpu():
