@@ -16,7 +16,8 @@ The receiver side checks, outside the timed stages, that every public name came 
 sender's tensor after the alpha fold (it regenerates the synthetic values from the seed). The cpu transport runs
 sender and receiver in one process; nccl and ipc use two processes (``torch.multiprocessing.spawn``) with a
 ``TCPStore`` as the JSON control channel. vLLM loading is not part of this command (there is no base model for a
-synthetic adapter): the ``load`` stage is reported as skipped with the reason.
+synthetic adapter): the ``load`` stage is reported as skipped with the reason; ``skyrl-glm bench load`` measures it
+with a real engine and a tiny checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 from typing import Any
 
 from skyrl_glm import strict_json
+from skyrl_glm.bench import load as load_bench
 from skyrl_glm.plugins import registry
 from skyrl_glm.usage import UsageError, writable_file
 
@@ -107,6 +109,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", default=None, help="write the report as JSON")
     p.add_argument("--plot", default=None, help="write a PNG of the stage times (needs matplotlib)")
     p.set_defaults(func=_cmd_bench_sync)
+    load_bench.add_parser(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

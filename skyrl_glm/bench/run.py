@@ -196,8 +196,8 @@ def _load_skip_reason() -> str:
         return "skipped: vLLM is not installed here"
     return (
         "skipped: a synthetic adapter has no base checkpoint for a vLLM engine to load it into "
-        "(and vLLM's CPU build cannot apply routed-expert LoRA); the in-memory vLLM load is covered by the "
-        "sync integration tests, not by this command"
+        "(and vLLM's CPU build cannot apply routed-expert LoRA); `skyrl-glm bench load` measures it with a real "
+        "engine and a tiny checkpoint"
     )
 
 
