@@ -24,6 +24,7 @@ after its slice's other new values); each sent tensor's names keep stream order,
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -107,7 +108,12 @@ class _Slice:
         kind = np.empty((m, 3), dtype=np.int64)
         kind[:, 0] = np.fromiter(map(shape_ids.__getitem__, shapes), np.int64, m)
         kind[:, 1] = np.fromiter(map(id, dtypes), np.int64, m)  # dtypes are singletons
-        kind[:, 2] = np.fromiter(map(_nbytes, objs), np.int64, m)
+        # sizes from the few distinct (shape, dtype) pairs, not one more call per object
+        numel = np.array([math.prod(shape) for shape in shape_ids], dtype=np.int64)
+        dtype_ids, dtype_of = np.unique(kind[:, 1], return_inverse=True)
+        first_of_dtype = _pick(dtypes, np.unique(dtype_of.reshape(-1), return_index=True)[1])
+        itemsize = np.array([d.itemsize for d in first_of_dtype], dtype=np.int64)
+        kind[:, 2] = numel[kind[:, 0]] * itemsize[dtype_of.reshape(-1)]
         return cls(
             list(names),
             position.reshape(-1),
@@ -153,7 +159,6 @@ class _Deduper:
         self.at: dict[int, list[tuple[tuple, int]]] = {}  # data_ptr -> [(view key, sent index)] of sent tensors
         self.prints: dict[int, int] = {}  # print (kind and fingerprint, mixed) -> the first sent value with it
         self.collided: dict[int, list[int]] = {}  # print -> further sent values with it (rare)
-        self.seen: set[str] = set()
         self.refs: list[np.ndarray] = []  # per slice: the sent index of each of its names
         self.names: list[list[str]] = []  # per slice: its names
 
@@ -235,10 +240,6 @@ class _Deduper:
         return ref
 
     def slice(self, sl: _Slice) -> None:
-        new = set(sl.names)
-        if len(new) != len(sl.names) or not self.seen.isdisjoint(new):
-            raise ValueError(f"adapter stream repeats the name {_first_repeat(sl.names, self.seen)!r}")
-        self.seen |= new
         ref, link = self._by_view(sl)
         fresh = np.flatnonzero((ref < 0) & (link == np.arange(len(sl.objs))))
         if self.declared:
@@ -258,10 +259,12 @@ class _Deduper:
             del sl  # the slice's duplicates can go
         refs = np.concatenate(self.refs) if self.refs else np.zeros(0, dtype=np.int64)
         names = list(itertools.chain.from_iterable(self.names))
-        order = np.argsort(refs, kind="stable").tolist()
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter stream repeats the name {_first_repeat(names)!r}")
+        order = np.argsort(refs, kind="stable")
         ends = np.cumsum(np.bincount(refs, minlength=len(self.sent))).tolist()
-        grouped = [names[i] for i in order]
-        by_sent = [grouped[s:e] for s, e in zip([0, *ends[:-1]], ends, strict=True)]
+        grouped = _pick(names, order)
+        by_sent = [list(grouped[s:e]) for s, e in zip([0, *ends[:-1]], ends, strict=True)]
         counts = np.diff([0, *ends])
         nbytes = np.fromiter(map(_nbytes, self.sent), np.int64, len(self.sent))
         return Dedup(
@@ -272,10 +275,10 @@ class _Deduper:
         )
 
 
-def _first_repeat(names: list[str], seen: set[str]) -> str:
-    """The first name of ``names`` that an earlier slice had or that this one has twice."""
+def _first_repeat(names: list[str]) -> str:
+    """The first name of ``names`` that occurs again later."""
     counts = Counter(names)
-    return next(n for n in names if counts[n] > 1 or n in seen)
+    return next(n for n in names if counts[n] > 1)
 
 
 def deduplicate(
