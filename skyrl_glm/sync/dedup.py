@@ -1,21 +1,24 @@
 """Exact deduplication of an exported adapter: each unique tensor once, with every public name that shows it.
 
 The exporter's stream is ``(public name, tensor)`` pairs; a full GLM-5.3 export has 116,292 names over 1,389 unique
-tensors. Work is per distinct tensor object, in bulk per slice of the stream (C-level maps and numpy, no Python
-loop per name or per object on the common paths):
+tensors. Work is in bulk per slice of 4,096 pairs: each object's address, shape, dtype and contiguity are read once by
+C-level maps while the slice is in the CPU cache, and everything after is numpy (no Python loop per name or per
+object on the common paths; with exporter copies every pass over the objects costs a cache miss each):
 
-1. **Objects.** Names of one tensor object are grouped by object id (numpy over ids).
+1. **Objects.** Names are grouped by object: by address first where objects are many (copies), by object id where
+   few (shared storage); either way the same grouping.
 2. **Views.** Objects showing one storage view (data pointer, shape, strides, dtype) are one tensor; no value is
    compared. Only tensors being sent are remembered by address: a dropped duplicate's memory may come back from
    the exporter's allocator holding another value.
 3. **Values**, unless the exporter declares its sharing (``shared_storage``: Megatron-Bridge's
    ``share_expert_adapters`` hands out one storage under every expert name, so distinct storages are distinct
-   values). Each new object gets a fingerprint (its checksum sums, :func:`~skyrl_glm.sync.checksum.fingerprints`,
-   one launch per slice); an object whose (shape, dtype, fingerprint) an earlier value has is *proven* equal to it
-   byte for byte (:func:`~skyrl_glm.sync.compare.equal_at`, one launch per slice). A fingerprint never decides
-   alone: on a failed proof (a collision) the object is compared with every value of that fingerprint in turn.
-   Equal bytes, shape and dtype are one value wherever they occur (the zero-initialised ``lora_B`` of every layer,
-   say); duplicates are released after their slice, so sender memory stays near the unique adapter.
+   values). Each new object gets a *print*: its kind (exact shape id, dtype, size) and its checksum's two sums
+   (:func:`~skyrl_glm.sync.checksum.sums_at`, one launch per slice over an address table), mixed into one uint64.
+   An object whose print an earlier value has is checked against it by kind (numpy: equal sizes, so no read runs
+   past a tensor), then proven byte-equal (:func:`~skyrl_glm.sync.compare.equal_at`, one launch per slice). A print
+   never decides alone: on a failed proof the object is compared with every value of that print in turn. Equal
+   bytes, shape and dtype are one value wherever they occur (the zero-initialised ``lora_B`` of every layer, say);
+   duplicates are released after their slice, so sender memory stays near the unique adapter.
 
 Sent tensors are in stream order of first appearance (a value told apart only after a fingerprint collision comes
 after its slice's other new values); each sent tensor's names keep stream order, the first is its sent name.
