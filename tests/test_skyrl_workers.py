@@ -134,7 +134,7 @@ def test_sync_verify_off_skips_only_the_per_tensor_checks() -> None:
     }
     plan = build_plan(adapter, adapter_config={"r": 2, "lora_alpha": 2}, lora_name="p", version=1)
     m = plan.manifest
-    wrong_sum = dataclasses.replace(m, checksums="0" * 32 + m.checksums[32:]).to_json()
+    wrong_sum = dataclasses.replace(m, checksums="0" * 16 + m.checksums[16:]).to_json()
     unpaired = dataclasses.replace(m, tensors=m.tensors[:1], checksums=m.checksum(0)).to_json()
     tx = SharedMemoryTransport()
     handle = tx.prepare(plan)

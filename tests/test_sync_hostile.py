@@ -87,11 +87,11 @@ def _with(**changes) -> str:
         ({"tensors": [["a", "float32", [4, 16], 0]]}, "tensor #0 must be \\[name, dtype, shape, offset, nbytes\\]"),
         ({"layout": [1]}, "'layout' must be an object"),
         ({"checksums": 12}, "'checksums' must be a string"),
-        ({"checksums": ["0" * 32] * 4}, "'checksums' must be a string"),
-        ({"checksums": "0" * 127}, "checksums: 127 characters for 4 tensors, expected 128"),
-        ({"checksums": "0" * 160}, "checksums: 160 characters for 4 tensors, expected 128"),
-        ({"checksums": "Z" * 128}, "checksums: not all lowercase hex digits"),
-        ({"checksums": "0" * 127 + "\n"}, "checksums: not all lowercase hex digits"),
+        ({"checksums": ["0" * 16] * 4}, "'checksums' must be a string"),
+        ({"checksums": "0" * 63}, "checksums: 63 characters for 4 tensors, expected 64"),
+        ({"checksums": "0" * 80}, "checksums: 80 characters for 4 tensors, expected 64"),
+        ({"checksums": "Z" * 64}, "checksums: not all lowercase hex digits"),
+        ({"checksums": "0" * 63 + "\n"}, "checksums: not all lowercase hex digits"),
     ],
 )
 def test_manifest_fields_are_not_coerced(changes, reason):

@@ -120,7 +120,7 @@ def test_rejections_name_their_reason():
     m = plan.manifest
     t0 = m.tensors[0]
     cases = {
-        "checksum mismatch": _bad(plan, checksums="0" * 32 + m.checksums[32:]),
+        "checksum mismatch": _bad(plan, checksums="0" * 16 + m.checksums[16:]),
         "not sent": _bad(plan, aliases={"extra.lora_A.weight": "missing"}),
         "does not match": _bad(plan, tensors=(t0._replace(shape=(3, 3)),) + m.tensors[1:]),
         "unsupported dtype": _bad(plan, tensors=(t0._replace(dtype="int8"),) + m.tensors[1:]),

@@ -133,7 +133,7 @@ def _raw(publisher, adapter, config, edit, text=None):
 
 def _tamper_checksum(publisher, adapter, config, version):
     plan = publisher.plan(adapter, config, version)
-    plan.manifest = dataclasses.replace(plan.manifest, checksums="f" * 32 + plan.manifest.checksums[32:])
+    plan.manifest = dataclasses.replace(plan.manifest, checksums="f" * 16 + plan.manifest.checksums[16:])
     return publisher.send(plan)
 
 

@@ -1,9 +1,10 @@
 """Order-independent integer checksums and finiteness, computed where the tensors live (GPU or CPU).
 
-Two sums of a tensor's bytes read as int32 words (zero-padded to a multiple of 4 bytes), in int64 with
-wraparound: the plain sum and a position-weighted sum, weight ``pos % 251 + 1`` (catches reordering). Integer
-addition modulo 2**64 is exact in any order, so the sender's GPU and the receiver's GPU (or CPU) agree bit for
-bit. This detects corruption and truncation on the data channel; it is not a cryptographic hash.
+Two sums of a tensor's bytes read as int32 words (zero-padded to a multiple of 4 bytes), modulo 2**32: the plain
+sum and a position-weighted sum, weight ``pos % 251 + 1`` (catches reordering). Integer addition modulo 2**32 is
+exact in any order and at any accumulator width, so the sender's GPU and the receiver's GPU (or CPU) agree bit for
+bit; off the GPU numpy adds in int32 lanes, 4x faster than int64 accumulation. This detects corruption and
+truncation on the data channel (any change of one word changes the plain sum); it is not a cryptographic hash.
 
 One computation, three uses: :func:`span_checks` over a packed stream (the sender's buffer, the receiver's
 staging buffer), :func:`checksums` of loose tensors (routing pieces), and :func:`fingerprints`, the sums the
@@ -14,15 +15,13 @@ addresses (one launch, one host transfer for any number of tensors); elsewhere n
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 _WEIGHT_PERIOD = 251
-_MASK = 0xFFFFFFFFFFFFFFFF
+_MASK = 0xFFFFFFFF  # the sums are taken modulo 2**32
 # Exponent bits of a float: all set = inf or NaN. Per dtype name: (mask, bits per value in an int32 word).
 _EXPONENT = {"float32": (0x7F800000, 32), "bfloat16": (0x7F80, 16), "float16": (0x7C00, 16)}
 _KIND = {"float32": 0, "bfloat16": 1, "float16": 2}
@@ -31,18 +30,19 @@ Span = tuple[int, int, str]  # (byte offset, nbytes, dtype name); offsets are mu
 
 
 def _fmt(sums: Sequence[Sequence[int]]) -> list[str]:
-    return [f"{a & _MASK:016x}{b & _MASK:016x}" for a, b, *_ in sums]
+    return [f"{a & _MASK:08x}{b & _MASK:08x}" for a, b, *_ in sums]
 
 
 def _word_sums(words: np.ndarray) -> tuple[int, int]:
-    """``(plain, weighted)`` of one tensor's int32 words (numpy: int64 accumulation without an int64 copy; column
-    sums of a ``[-1, 251]`` view weighted once instead of a weight per word)."""
+    """``(plain, weighted)`` of one tensor's int32 words, modulo 2**32 (numpy: column sums of a ``[-1, 251]`` view in
+    wrapping int32 lanes, weighted once per column instead of once per word)."""
     weights = np.arange(1, _WEIGHT_PERIOD + 1, dtype=np.int64)
     k = words.size - words.size % _WEIGHT_PERIOD
-    cols = words[:k].reshape(-1, _WEIGHT_PERIOD).sum(0, dtype=np.int64)
+    cols = words[:k].reshape(-1, _WEIGHT_PERIOD).sum(0, dtype=np.int32).astype(np.int64)
     tail = words[k:].astype(np.int64)
     plain = int(cols.sum()) + int(tail.sum())
-    return plain, int((cols * weights).sum()) + int((tail * weights[: tail.size]).sum())
+    weighted = int((cols * weights).sum()) + int((tail * weights[: tail.size]).sum())
+    return plain & _MASK, weighted & _MASK
 
 
 def _finite(words: np.ndarray, dtype: str) -> bool:
@@ -52,30 +52,14 @@ def _finite(words: np.ndarray, dtype: str) -> bool:
     return values.size == 0 or int(np.bitwise_and(values, mask, dtype=values.dtype).max()) != mask
 
 
-_PARALLEL_BYTES = 4 << 20  # off the GPU, streams at least this large are checked by a thread per core
-_POOL: list[ThreadPoolExecutor] = []
-
-
 def _cpu_checks(words: np.ndarray, spans: Sequence[Span], finite: bool) -> list[tuple[int, int, bool]]:
-    """``(plain, weighted, finite)`` per span of ``words`` (numpy releases the GIL: the spans are split into one
-    contiguous run per core)."""
-
-    def run(part: Sequence[Span]) -> list[tuple[int, int, bool]]:
-        out = []
-        for o, n, dt in part:
-            w = words[o // 4 : (o + n + 3) // 4]
-            out.append((*_word_sums(w), _finite(w, dt) if finite else True))
-        return out
-
-    cores = min(os.cpu_count() or 1, 8)
-    if cores == 1 or words.nbytes < _PARALLEL_BYTES:
-        return run(spans)
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(cores, thread_name_prefix="skyrl-glm-checksum"))
-    ends = np.cumsum([n for _, n, _ in spans])
-    cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, cores) / cores).tolist(), len(spans)]
-    parts = [spans[a:b] for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
-    return [r for part in _POOL[0].map(run, parts) for r in part]
+    """``(plain, weighted, finite)`` per span of ``words``. One thread: with int32 lanes the sums run at memory speed,
+    and a thread per core measured slower on 2 cores (3.9-5.5 vs 2.1 ms for a 30 MB sender stream)."""
+    out = []
+    for o, n, dt in spans:
+        w = words[o // 4 : (o + n + 3) // 4]
+        out.append((*_word_sums(w), _finite(w, dt) if finite else True))
+    return out
 
 
 _TRITON: list = []
@@ -181,4 +165,4 @@ def fingerprints(tensors: Sequence[torch.Tensor]) -> np.ndarray:
 def sums_at(device: torch.device, addrs: np.ndarray, words: np.ndarray) -> np.ndarray:
     """:func:`fingerprints` of the ``words[i]`` int32 words at CUDA addresses ``addrs[i]`` (4-byte aligned), for
     callers that already hold the addresses (no Python work per tensor)."""
-    return _checks_cuda(device, addrs, words, np.zeros(len(addrs), dtype=np.int64))[:, :2]
+    return _checks_cuda(device, addrs, words, np.zeros(len(addrs), dtype=np.int64))[:, :2] & _MASK

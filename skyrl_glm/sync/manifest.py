@@ -27,7 +27,7 @@ from skyrl_glm.sync.aliases import AliasError, AliasRun, NameIndex, runs_from_js
 
 FORMAT = "skyrl-glm/lora-sync/3"
 ALIGN = 64  # byte alignment of every tensor in the packed stream
-CHECKSUM_CHARS = 32  # hex digits of one tensor's checksum (two int64 sums, see ``sync/checksum.py``)
+CHECKSUM_CHARS = 16  # hex digits of one tensor's checksum (two sums modulo 2**32, see ``sync/checksum.py``)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
