@@ -71,11 +71,12 @@ class _Slice:
     of_name: np.ndarray  # per name: its object
     objs: tuple[torch.Tensor, ...]
     ptrs: np.ndarray
-    nbytes: np.ndarray
-    shapes: tuple
-    dtypes: tuple
     contiguous: np.ndarray
     kind: np.ndarray  # [n, 3] int64: shape id, dtype id, nbytes (equal rows: equal shape, dtype and size)
+
+    @property
+    def nbytes(self) -> np.ndarray:
+        return self.kind[:, 2]
 
     @classmethod
     def read(
@@ -113,24 +114,14 @@ class _Slice:
         kind[:, 1] = np.fromiter(map(id, dtypes), np.int64, m)  # dtypes are singletons
         # sizes from the few distinct (shape, dtype) pairs, not one more call per object
         numel = np.array([math.prod(shape) for shape in shape_ids], dtype=np.int64)
-        dtype_ids, dtype_of = np.unique(kind[:, 1], return_inverse=True)
+        _, dtype_of = np.unique(kind[:, 1], return_inverse=True)
         first_of_dtype = _pick(dtypes, np.unique(dtype_of.reshape(-1), return_index=True)[1])
         itemsize = np.array([d.itemsize for d in first_of_dtype], dtype=np.int64)
         kind[:, 2] = numel[kind[:, 0]] * itemsize[dtype_of.reshape(-1)]
-        return cls(
-            list(names),
-            position.reshape(-1),
-            objs,
-            ptrs[heads],
-            kind[:, 2],
-            shapes,
-            dtypes,
-            np.fromiter(map(torch.Tensor.is_contiguous, objs), bool, m),
-            kind,
-        )
+        contiguous = np.fromiter(map(torch.Tensor.is_contiguous, objs), bool, m)
+        return cls(list(names), position.reshape(-1), objs, ptrs[heads], contiguous, kind)
 
 
-_nbytes = operator.attrgetter("nbytes")
 _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 
@@ -269,7 +260,7 @@ class _Deduper:
         grouped = _pick(names, order)
         by_sent = [list(grouped[s:e]) for s, e in zip([0, *ends[:-1]], ends, strict=True)]
         counts = np.diff([0, *ends])
-        nbytes = np.fromiter(map(_nbytes, self.sent), np.int64, len(self.sent))
+        nbytes = self.kinds[: len(self.sent), 2]
         return Dedup(
             unique={ns[0]: t for ns, t in zip(by_sent, self.sent, strict=True)},
             names={ns[0]: ns for ns in by_sent},
