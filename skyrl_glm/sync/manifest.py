@@ -15,10 +15,10 @@ import json
 import marshal
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, NamedTuple
 
 import torch
@@ -240,11 +240,16 @@ class Manifest:
         """Whether both were parsed from one layout (``from_json`` with ``known=other`` reused ``other``'s)."""
         return other is not None and self.layout_key is not None and self.layout_key == other.layout_key
 
+    def run_items(self, per_run: Iterable[Any]) -> Iterator[tuple[str, Any]]:
+        """``(public name, value)`` for every name of every alias run, ``per_run`` giving one value per run in run
+        order: the runs expanded through :attr:`run_names` (built once per layout), no dict per run."""
+        lengths = [run.stop - run.start for run in self.alias_runs]
+        return zip(self.run_names, chain.from_iterable(map(repeat, per_run, lengths)), strict=True)
+
     def alias_map(self) -> dict[str, str]:
         """Every alias as ``{public: sent}`` (runs expanded; SkyRL's wire form)."""
         out = dict(self.aliases)
-        for run in self.alias_runs:
-            out.update(dict.fromkeys(run.names(), run.sent))
+        out.update(self.run_items(run.sent for run in self.alias_runs))
         for t in self.tensors:
             out.pop(t.name, None)
         return out

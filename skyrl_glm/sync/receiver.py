@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from itertools import chain, repeat
 from typing import Any
 
 import torch
@@ -80,11 +79,9 @@ def structure_errors(manifest: Manifest) -> str | None:
 
 def rebuild(manifest: Manifest, sent: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every public name -> its sent tensor (views, no copies): SkyRL's ``expand_lora_aliases`` for the explicit
-    aliases, then the alias runs' names (:attr:`Manifest.run_names`, kept with the layout) in one update."""
+    aliases, then the alias runs' names (:meth:`Manifest.run_items`, names kept with the layout) in one update."""
     tensors = expand_lora_aliases(sent, manifest.aliases)
-    runs = manifest.alias_runs
-    shown = chain.from_iterable(map(repeat, [sent[run.sent] for run in runs], [run.stop - run.start for run in runs]))
-    tensors.update(zip(manifest.run_names, shown, strict=True))
+    tensors.update(manifest.run_items(sent[run.sent] for run in manifest.alias_runs))
     return tensors
 
 
