@@ -38,7 +38,7 @@ def _memory_row(t: dict[str, float]) -> dict[str, float]:
 def run_load_bench(model: str, rounds: int, warmup: int, rank: int) -> dict[str, Any]:
     """Alternate in-memory and disk updates on one engine; every update must be accepted."""
     from skyrl_glm.check.probes import make_probes
-    from skyrl_glm.check.runner import CheckOptions, _tiny, build, prepare
+    from skyrl_glm.check.runner import CheckOptions, build, prepare, tiny_model_dir
     from skyrl_glm.sync.publisher import DiskPublisher
 
     options = CheckOptions(model=model, transport="cpu", rank=rank, alpha=2 * rank)
@@ -46,7 +46,7 @@ def run_load_bench(model: str, rounds: int, warmup: int, rank: int) -> dict[str,
     runs: dict[str, list[dict[str, float]]] = {"memory": [], "disk": []}
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-load-") as tmp:
         options.workdir = tmp
-        model_dir = plan.model_dir or _tiny(plan.family, Path(tmp))[0]
+        model_dir = plan.model_dir or tiny_model_dir(plan.family, Path(tmp))[0]
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
         trainer, sampler, memory, cleanup = build(options, plan, model_dir, probes)
         disk = DiskPublisher(sampler, root=Path(tmp) / "adapters")

@@ -183,7 +183,7 @@ def run(
         model_dir, kept = plan.model_dir, True
         if model_dir is None:
             phase(f"preparing the tiny {plan.family.name} model")
-            model_dir, kept = _tiny(plan.family, Path(options.workdir))
+            model_dir, kept = tiny_model_dir(plan.family, Path(options.workdir))
         phase(f"starting trainer ({options.trainer}) and sampler ({options.sampler})")
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
         trainer, sampler, publisher, cleanup = build(options, plan, model_dir, probes)
@@ -215,7 +215,7 @@ def run(
     return report
 
 
-def _tiny(family: ModelFamily, workdir: Path) -> tuple[Path, bool]:
+def tiny_model_dir(family: ModelFamily, workdir: Path) -> tuple[Path, bool]:
     """The cached tiny checkpoint, or (cache not writable) a temporary one: ``(dir, kept after the run)``."""
     from skyrl_glm.models.tiny import make_tiny
     from skyrl_glm.models.tiny_cache import cached_tiny
