@@ -46,7 +46,7 @@ def run_load_bench(model: str, rounds: int, warmup: int, rank: int) -> dict[str,
     runs: dict[str, list[dict[str, float]]] = {"memory": [], "disk": []}
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-load-") as tmp:
         options.workdir = tmp
-        model_dir = plan.model_dir or tiny_model_dir(plan.family, Path(tmp))[0]
+        model_dir, kept = (plan.model_dir, True) if plan.model_dir else tiny_model_dir(plan.family, Path(tmp))
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
         trainer, sampler, memory, cleanup = build(options, plan, model_dir, probes)
         disk = DiskPublisher(sampler, root=Path(tmp) / "adapters")
@@ -69,7 +69,7 @@ def run_load_bench(model: str, rounds: int, warmup: int, rank: int) -> dict[str,
         "command": "skyrl-glm bench load",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": plan.family.name,
-        "model_dir": str(model_dir),
+        "model_dir": str(model_dir) if kept else None,  # a temporary tiny model is gone after the run
         "targets": plan.targets,
         "rank": rank,
         "public_tensors": len(adapter),
