@@ -10,7 +10,15 @@ device (the check's trainer and sampler). One engine; updates alternate between
 * ``disk``: SkyRL's file path, a PEFT directory written (``write_s``) and read by vLLM the standard way.
 
 ``load`` is the engine's part in both (``load_s``: ``add_lora`` and the swap). The first ``--warmup`` updates of each
-path are dropped; the table reports medians. Full-size GLM-5.3 loads need vLLM's GPU build.
+path are dropped; the table reports medians.
+
+``--config full --layers N`` (vLLM's GPU build) loads a full-width GLM-5.3 adapter instead: the Megatron-Bridge
+export of a rank-``--rank`` adapter over N full-size MoE layers (hidden 6144, 256 experts, one adapter shared by a
+layer's experts), served by an engine whose weights vLLM fills itself (``load_format="dummy"``: the load stage
+depends on shapes, not values). In memory the update goes over CUDA IPC (each shared tensor sent once, the
+per-expert names rebuilt as views); the disk path writes every public name. Each update is timed to the first
+request served on the new version (``first_request_s``), and every stage is extrapolated linearly to GLM-5.3's 75
+MoE layers (fixed costs included, so an over-estimate).
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_glm import strict_json
+from skyrl_glm.check.runner import check_device
 from skyrl_glm.plugins import registry
+from skyrl_glm.provenance import provenance
 from skyrl_glm.usage import UsageError, positive_int, writable_file
 
 STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("write_s", "load_s", "total_s")}
@@ -35,13 +45,14 @@ def _memory_row(t: dict[str, float]) -> dict[str, float]:
     return {"plan_s": plan, "receive_s": t["receive_rpc_s"], "load_s": t["load_s"], "total_s": t["total_s"]}
 
 
-def run_load_bench(model: str, rounds: int, warmup: int, rank: int) -> dict[str, Any]:
+def run_load_bench(model: str, rounds: int, warmup: int, rank: int, device: str = "cpu") -> dict[str, Any]:
     """Alternate in-memory and disk updates on one engine; every update must be accepted."""
     from skyrl_glm.check.probes import make_probes
     from skyrl_glm.check.runner import CheckOptions, build, prepare, tiny_model_dir
     from skyrl_glm.sync.publisher import DiskPublisher
 
-    options = CheckOptions(model=model, transport="cpu", rank=rank, alpha=2 * rank)
+    transport = "cpu" if device == "cpu" else "ipc"
+    options = CheckOptions(model=model, transport=transport, rank=rank, alpha=2 * rank, device=device)
     plan = prepare(options)
     runs: dict[str, list[dict[str, float]]] = {"memory": [], "disk": []}
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-load-") as tmp:
@@ -67,8 +78,9 @@ def run_load_bench(model: str, rounds: int, warmup: int, rank: int) -> dict[str,
     timed = {path: rows[warmup:] for path, rows in runs.items()}
     return {
         "command": "skyrl-glm bench load",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **provenance(),
         "model": plan.family.name,
+        "device": device,
         "model_dir": str(model_dir) if kept else None,  # a temporary tiny model is gone after the run
         "targets": plan.targets,
         "rank": rank,
@@ -81,20 +93,127 @@ def run_load_bench(model: str, rounds: int, warmup: int, rank: int) -> dict[str,
     }
 
 
+def full_width_model(directory: Path, layers: int) -> Path:
+    """A config-only GLM-5.3 checkpoint with its 3 dense layers and ``layers`` full-size MoE layers, with the router
+    fields vLLM needs (see :data:`skyrl_glm.models.glm5.ROUTER`); vLLM fills the weights (``load_format="dummy"``)."""
+    from skyrl_glm.bench.synthetic import model_config
+    from skyrl_glm.models.glm5 import ROUTER
+
+    _, config = model_config("glm-5.3", "full", layers)
+    config.update(ROUTER)
+    config.architectures = ["GlmMoeDsaForCausalLM"]
+    config.save_pretrained(directory)
+    return directory
+
+
+def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dict[str, Any]:
+    """In-memory (CUDA IPC) vs disk updates of a full-width GLM-5.3 adapter on one GPU engine, each timed to the
+    first request served on it."""
+    import torch
+    from vllm import SamplingParams
+
+    from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
+    from skyrl_glm.check.scorers import _engine_lora_rank
+    from skyrl_glm.lora.bridge import adapter_config
+    from skyrl_glm.sync.publisher import DiskPublisher, InMemoryPublisher
+    from skyrl_glm.sync.vllm.engine import VllmEngineSampler
+
+    family = registry().model("glm-5.3")
+    syn = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=layers, rank=rank))
+    unique = {k: v.to("cuda") for k, v in syn.unique.items()}
+    adapter = {name: unique[key] for name, key in syn.names.items()}
+    config = adapter_config(rank, 2 * rank, syn.targets)
+    first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    runs: dict[str, list[dict[str, float]]] = {"memory": [], "disk": []}
+    with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-load-") as tmp:
+        model_dir = full_width_model(Path(tmp) / "model", layers)
+        t0 = time.perf_counter()
+        sampler = VllmEngineSampler(
+            str(model_dir),
+            max_lora_rank=_engine_lora_rank(rank),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype="bfloat16",
+            lora_target_modules=family.lora.vllm_modules(syn.targets),
+            gpu_memory_utilization=0.85,
+        )
+        engine_s = time.perf_counter() - t0
+        transport = registry().transport("ipc")()
+        publishers = {
+            "memory": InMemoryPublisher(sampler, transport, shared_storage=True),
+            "disk": DiskPublisher(sampler, root=Path(tmp) / "adapters"),
+        }
+        try:
+            version = 0
+            for _ in range(warmup + rounds):
+                for path, publisher in publishers.items():
+                    version += 1
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    result = publisher.publish(adapter, config, version)
+                    if not result.ok:
+                        raise RuntimeError(f"{path} update {version} was rejected: {result.reason}")
+                    sampler.llm.generate(
+                        [{"prompt_token_ids": [1, 2, 3, 4]}], first, lora_request=sampler.adapter, use_tqdm=False
+                    )
+                    t = result.timings
+                    row = _memory_row(t) if path == "memory" else {k: t[k] for k in STAGES["disk"]}
+                    row["first_request_s"] = time.perf_counter() - t0
+                    runs[path].append(row)
+        finally:
+            transport.release()
+            sampler.close()
+    timed = {path: rows[warmup:] for path, rows in runs.items()}
+    medians = {p: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for p, rows in timed.items()}
+    moe_layers = int(family.facts["num_hidden_layers"]) - int(family.facts["first_k_dense_replace"])
+    return {
+        "command": f"skyrl-glm bench load --device cuda --config full --layers {layers} --rank {rank}",
+        "model": "glm-5.3",
+        "config": "full",
+        "moe_layers": layers,
+        "targets": syn.targets,
+        "rank": rank,
+        "public_tensors": len(adapter),
+        "unique_tensors": len(unique),
+        "public_bytes": sum(t.numel() * t.element_size() for t in adapter.values()),
+        "unique_bytes": sum(t.numel() * t.element_size() for t in unique.values()),
+        "engine_start_s": engine_s,
+        "rounds": rounds,
+        "warmup": warmup,
+        "medians_s": medians,
+        "extrapolated_s": {p: {k: v / layers * moe_layers for k, v in m.items()} for p, m in medians.items()},
+        "extrapolated_to_moe_layers": moe_layers,
+        **provenance(),
+        "runs": runs,
+    }
+
+
 def print_load_report(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     med = report["medians_s"]
+    full = report.get("config") == "full"
+    size = f"{report['moe_layers']} full-size MoE layers" if full else "tiny"
     table = Table(
-        title=f"vLLM load stage: {report['model']} (tiny), rank {report['rank']}, "
+        title=f"vLLM load stage: {report['model']} ({size}), rank {report['rank']}, "
         f"{report['public_tensors']} public tensors; median of {report['rounds']}"
     )
     table.add_column("stage")
     table.add_column("memory (skyrl-glm)", justify="right")
     table.add_column("disk (PEFT dir)", justify="right")
-    for stage in ("plan_s", "receive_s", "write_s", "load_s", "total_s"):
+    if full:
+        n = report["extrapolated_to_moe_layers"]
+        table.add_column(f"memory, x{n} layers", justify="right")
+        table.add_column(f"disk, x{n} layers", justify="right")
+    stages = ("plan_s", "receive_s", "write_s", "load_s", "total_s", "first_request_s")
+    for stage in stages:
+        if not any(stage in med[p] for p in med):
+            continue
         cells = [f"{med[p][stage] * 1e3:.1f} ms" if stage in med[p] else "-" for p in ("memory", "disk")]
+        if full:
+            ext = report["extrapolated_s"]
+            cells += [f"{ext[p][stage]:.2f} s" if stage in ext[p] else "-" for p in ("memory", "disk")]
         table.add_row(stage.removesuffix("_s"), *cells)
     Console().print(table)
 
@@ -103,6 +222,8 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
     try:
         positive_int("--rounds", args.rounds)
         positive_int("--rank", args.rank)
+        positive_int("--layers", args.layers)
+        check_device(args.device)
         if args.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
         if args.json:
@@ -110,7 +231,13 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"skyrl-glm bench load: error: {e}", file=sys.stderr)
         return 2
-    report = run_load_bench(args.model, args.rounds, args.warmup, args.rank)
+    if args.config == "full":
+        if args.device == "cpu" or args.model != "glm-5.3":
+            print("skyrl-glm bench load: error: --config full needs --device cuda and --model glm-5.3", file=sys.stderr)
+            return 2
+        report = run_full_load_bench(args.layers, args.rounds, args.warmup, args.rank)
+    else:
+        report = run_load_bench(args.model, args.rounds, args.warmup, args.rank, args.device)
     print_load_report(report)
     if args.json:
         strict_json.write(report, args.json, indent=1)
@@ -126,6 +253,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--model", default="glm-4.5", choices=sorted(registry().models), help="registered model family")
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the engine's and the trainer's device)")
+    p.add_argument("--config", default="tiny", choices=("tiny", "full"), help="full: full-width GLM-5.3 (GPU)")
+    p.add_argument("--layers", type=int, default=2, help="MoE layers of the full-width model")
     p.add_argument("--rounds", type=int, default=5, help="timed updates per path (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed updates per path first")
     p.add_argument("--json", default=None, help="write the report as JSON")

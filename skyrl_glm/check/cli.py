@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--repeat-tol",
         type=float,
         default=CheckConfig.repeat_tol,
-        help="sampler repeat-score tolerance (bf16 MLA on vLLM CPU repeats only to ~4e-3: use 1e-2)",
+        help="sampler repeat-score tolerance (the same sequence scored twice, alone: exact on vLLM CPU and GPU)",
     )
     p.add_argument("--no-decode", action="store_true", help="score the prefill path only")
     p.add_argument("--seed", type=int, default=0)

@@ -58,6 +58,8 @@ class DropAliases(_BreaksUpdates):
     inner: InMemoryPublisher
 
     def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        if not hasattr(self.inner, "plan"):
+            raise FaultNotApplicable("drop-aliases needs an in-memory transport (the disk baseline sends no alias map)")
         plan = self.inner.plan(adapter, adapter_config, version)
         if not plan.manifest.aliases and not plan.manifest.alias_runs:
             raise FaultNotApplicable("drop-aliases needs an adapter with aliased (shared) tensors; this one has none")

@@ -19,6 +19,7 @@ from typing import Any
 from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, run_check
 from skyrl_glm.check.faults import FAULTS, inject
 from skyrl_glm.check.probes import Probes, make_probes
+from skyrl_glm.check.scorers import require_vllm
 from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
@@ -106,9 +107,11 @@ def prepare(options: CheckOptions) -> CheckPlan:
     positive_int("alpha", options.alpha)
     check_device(options.device)
     family, model_dir, config = resolve_model(options.model)
+    if options.sampler.startswith("vllm"):
+        require_vllm()
     targets = family.lora.resolve(
         options.lora_targets,
-        sampler=sampler_backend(options.device),
+        sampler=sampler_backend(options.device, skyrl_worker=options.sampler == "vllm-skyrl"),
         allow_unsupported=options.allow_unsupported_targets,
     )
     vocab = family.tiny_vocab_size if config is None else vocab_size(config, model_dir)
@@ -123,12 +126,10 @@ def _warm(side: Any, probes: Probes, generate: bool) -> Any:
     return side
 
 
-def build(
+def build_sides(
     options: CheckOptions, plan: CheckPlan, model_dir: Path, probes: Probes
-) -> tuple[Any, Any, Any, list[Callable[[], None]]]:
-    """``(trainer, sampler, publisher, cleanup)`` for these options (fault applied), trainer and sampler set up
-    at once. ``cleanup`` releases the transport's last buffers and stops the engine, when the steps are done."""
-    from skyrl_glm.sync.publisher import DiskPublisher, InMemoryPublisher
+) -> tuple[Any, Any, list[Callable[[], None]]]:
+    """``(trainer, sampler, cleanup)``, set up at once and warmed; ``cleanup`` stops the engine."""
 
     def trainer() -> Any:
         side = plan.trainer_factory(
@@ -160,14 +161,36 @@ def build(
         _warm(sampler, probes, generate=options.config.decode)
         trainer_built = trainer_side.result()
     cleanup = [close] if (close := getattr(sampler, "close", None)) else []
-    if plan.transport_class is None:
-        publisher: Any = DiskPublisher(sampler, root=Path(options.workdir or tempfile.mkdtemp()) / "adapters")
+    return trainer_built, sampler, cleanup
+
+
+def build_publisher(
+    transport_class: Any, fault: str, sampler: Any, workdir: Path
+) -> tuple[Any, Any, list[Callable[[], None]]]:
+    """``(publisher, sampler, cleanup)`` for one transport (None: the disk baseline) with ``fault`` applied;
+    ``cleanup`` releases the transport's last buffers."""
+    from skyrl_glm.sync.publisher import DiskPublisher, InMemoryPublisher
+
+    cleanup: list[Callable[[], None]] = []
+    if transport_class is None:
+        publisher: Any = DiskPublisher(sampler, root=workdir / "adapters")
     else:
-        transport = plan.transport_class()
+        transport = transport_class()
         publisher = InMemoryPublisher(sampler, transport)
-        cleanup.insert(0, transport.release)
-    publisher, sampler = inject(options.fault, publisher, sampler)
-    return trainer_built, sampler, publisher, cleanup
+        cleanup.append(transport.release)
+    publisher, sampler = inject(fault, publisher, sampler)
+    return publisher, sampler, cleanup
+
+
+def build(
+    options: CheckOptions, plan: CheckPlan, model_dir: Path, probes: Probes
+) -> tuple[Any, Any, Any, list[Callable[[], None]]]:
+    """``(trainer, sampler, publisher, cleanup)`` for these options (fault applied), trainer and sampler set up
+    at once. ``cleanup`` releases the transport's last buffers and stops the engine, when the steps are done."""
+    trainer, sampler, stop = build_sides(options, plan, model_dir, probes)
+    workdir = Path(options.workdir or tempfile.mkdtemp())
+    publisher, sampler, release = build_publisher(plan.transport_class, options.fault, sampler, workdir)
+    return trainer, sampler, publisher, release + stop
 
 
 def run(

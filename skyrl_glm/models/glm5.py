@@ -6,6 +6,7 @@ only supplies facts, LoRA targets and tiny checkpoints.
 
 from __future__ import annotations
 
+from skyrl_glm.checkpoint import read_config
 from skyrl_glm.models.base import LoraPolicy, ModelFamily
 from skyrl_glm.models.targets import dsa_indexer, mla_attention, moe_mlp
 
@@ -30,6 +31,12 @@ FACTS = {
     "index_topk": 2048,
     "vocab_size": 154880,
 }
+
+
+# HF's GlmMoeDsa routes with sigmoid scores plus e_score_correction_bias (noaux_tc) whatever its config says; vLLM's
+# DeepSeek-V2 MoE reads both from the config and defaults to softmax without the bias. Published GLM-5 configs carry
+# them; transformers' GlmMoeDsaConfig does not write them, so a checkpoint saved from it lacks them.
+ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 
 
 def full_config():
@@ -61,15 +68,19 @@ def tiny_config():
         head_dim=64,
         index_topk=512,
         index_head_dim=128,  # >= qk_rope_head_dim (the indexer ropes its first 64 dims)
-        index_n_heads=2,
+        index_n_heads=16,  # vLLM's GPU indexer (DeepGEMM) takes 16, 32 or 64 heads; 2 kill the engine
         max_position_embeddings=512,
+        **ROUTER,
     )
 
 
 def sampler_overrides(model_dir, *, device: str, max_model_len: int | None) -> dict:
-    """On vLLM CPU, serve the checkpoint as dense MLA (exact while ``max_model_len <= index_topk``)."""
+    """On GPU, the router fields the checkpoint lacks (:data:`ROUTER`); on vLLM CPU, serve the checkpoint as
+    dense MLA (exact while ``max_model_len <= index_topk``)."""
     if device != "cpu":
-        return {}
+        config = read_config(model_dir)
+        missing = {k: v for k, v in ROUTER.items() if config.get(k) != v}
+        return {"hf_overrides": missing} if missing else {}
     from transformers import AutoConfig
 
     from skyrl_glm.models.glm5_vllm_cpu import cpu_sampler_overrides

@@ -17,6 +17,8 @@ KV_B_IGNORED = (
     "(measured: sampler output unchanged, trainer mean |dlogp| 0.07)"
 )
 ROUTED_EXPERTS_CPU = "vLLM's CPU build has no fused-MoE LoRA kernels (PunicaWrapperCPU)"
+# Sampler backends (``models.vllm_targets.sampler_backend``): vLLM's GPU or CPU build, stock or with SkyRL 0.4's worker
+# wrap loaded, whose MLA patch applies a kv_b_proj LoRA on the prefill and the absorbed decode path.
 
 
 def mla_attention() -> list[LoraTarget]:
@@ -39,7 +41,7 @@ def mla_attention() -> list[LoraTarget]:
             "linear_kv_up_proj",
             "attention",
             default=False,
-            unsupported={"vllm": KV_B_IGNORED, "vllm-cpu": KV_B_IGNORED},
+            unsupported={"vllm": KV_B_IGNORED, "vllm-cpu": KV_B_IGNORED},  # applied by "vllm+skyrl", "vllm-cpu+skyrl"
             vllm="kv_b_proj",
             tp_style=COLUMN,
         ),
@@ -71,7 +73,7 @@ def moe_mlp() -> list[LoraTarget]:
     # Dense MLP and shared expert: MergedColumnParallelLinear gate_up + RowParallel down (one vLLM name for both).
     # Routed experts: FusedMoEWithLoRA (fully_sharded_loras=False); with enable_expert_parallel expert e lives
     # whole on EP rank e // (E / ep).
-    routed = {"vllm-cpu": ROUTED_EXPERTS_CPU}
+    routed = {"vllm-cpu": ROUTED_EXPERTS_CPU, "vllm-cpu+skyrl": ROUTED_EXPERTS_CPU}
     return [
         LoraTarget("mlp.gate_proj", "linear_fc1", "dense_mlp", vllm="gate_up_proj", tp_style=COLUMN),
         LoraTarget("mlp.up_proj", "linear_fc1", "dense_mlp", vllm="gate_up_proj", tp_style=COLUMN),

@@ -14,9 +14,11 @@ from typing import Any
 from skyrl_glm.models.base import ModelFamily
 
 
-def sampler_backend(device: str) -> str:
-    """The target-policy backend name for a vLLM device (``cpu`` -> ``vllm-cpu``; anything else -> ``vllm``)."""
-    return "vllm-cpu" if device == "cpu" else "vllm"
+def sampler_backend(device: str, *, skyrl_worker: bool = False) -> str:
+    """The target-policy backend name for a vLLM device (``cpu`` -> ``vllm-cpu``; anything else -> ``vllm``), with
+    ``+skyrl`` when SkyRL's worker wrap is loaded in the engine (it patches vLLM's MLA to apply a ``kv_b_proj``
+    LoRA): what a sampler applies is decided by the code it runs, not by the model alone."""
+    return ("vllm-cpu" if device == "cpu" else "vllm") + ("+skyrl" if skyrl_worker else "")
 
 
 def vllm_engine_kwargs(
@@ -27,6 +29,7 @@ def vllm_engine_kwargs(
     device: str,
     max_model_len: int | None = None,
     allow_unsupported: bool = False,
+    skyrl_worker: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM(**kwargs)`` serving ``model_dir`` of ``family`` on ``device``.
 
@@ -49,7 +52,9 @@ def vllm_engine_kwargs(
         kwargs.update(family.sampler_overrides(model_dir, device=device, max_model_len=max_model_len))
     if lora_targets:
         resolved = family.lora.resolve(
-            list(lora_targets), sampler=sampler_backend(device), allow_unsupported=allow_unsupported
+            list(lora_targets),
+            sampler=sampler_backend(device, skyrl_worker=skyrl_worker),
+            allow_unsupported=allow_unsupported,
         )
         kwargs["enable_lora"] = True
         kwargs["lora_target_modules"] = family.lora.vllm_modules(resolved)

@@ -11,9 +11,11 @@ from typing import Any
 from skyrl_glm.skyrl.hardware import layout_problem
 
 
-def unsafe_megatron_targets(targets: Any, sampler: str = "vllm") -> list[str]:
-    """Megatron LoRA target names that every registered model maps to a module ``sampler`` does not apply
-    (e.g. ``linear_kv_up_proj`` = MLA ``kv_b_proj`` on vLLM), with the reason."""
+def unsafe_megatron_targets(targets: Any, sampler: str = "vllm+skyrl") -> list[str]:
+    """Megatron LoRA target names that every registered model maps to a module ``sampler`` does not apply, with the
+    reason. Inside SkyRL the sampler is ``vllm+skyrl``: SkyRL's worker wrap applies MLA ``kv_b_proj``
+    (``linear_kv_up_proj``) LoRA, so no GLM target is refused there today; the rule stays for the targets a future
+    sampler ignores."""
     from skyrl_glm.plugins import registry
 
     if isinstance(targets, str):

@@ -46,3 +46,23 @@ class Publisher(Protocol):
     (:class:`~skyrl_glm.sync.publisher.InMemoryPublisher`, :class:`~skyrl_glm.sync.publisher.DiskPublisher`)."""
 
     def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult: ...
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a failure report: type and message, and where it was raised when the message is empty (a bare
+    ``assert`` inside vLLM's loader says nothing else), then the chain of causes."""
+    import traceback
+
+    parts = []
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        frames = traceback.extract_tb(e.__traceback__)
+        if not str(e) and frames:
+            text += f" at {frames[-1].filename.rsplit('/site-packages/', 1)[-1]}:{frames[-1].lineno}"
+        parts.append(text)
+        e = e.__cause__ or e.__context__
+    return " <- ".join(parts)
+

@@ -15,7 +15,7 @@ from typing import Any
 
 from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_path, lora_name_from_in_memory_path
 
-from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.sync.update import UpdateResult, describe_error
 
 # One engine operation: ("rpc", method, args) | ("add_lora", request) | ("remove_lora", lora_id)
 # | ("reset_prefix_cache",). An engine runs it through its method ``_<op[0]>(*op[1:])``; an exception
@@ -107,7 +107,7 @@ class LoraVersions:
         try:
             yield ("add_lora", request)
         except Exception as e:  # noqa: BLE001 - vLLM refused the adapter: keep serving the old one
-            return f"{type(e).__name__}: {e}"
+            return describe_error(e)
         stale, self._previous, self.adapter = self._previous, self.adapter, request
         if stale is not None:
             if self._in_flight[stale.lora_int_id] > 0:

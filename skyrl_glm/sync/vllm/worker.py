@@ -19,6 +19,7 @@ from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import (
 
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
+from skyrl_glm.sync.update import describe_error
 
 
 def staged_name(lora_name: str, version: int) -> str:
@@ -46,7 +47,7 @@ class LoraSyncWorkerExtension:
         except UpdateRejected as e:
             return {"ok": False, "reason": e.reason}
         except Exception as e:  # noqa: BLE001 - any failure is a rejection, the old adapter keeps serving
-            return {"ok": False, "reason": f"{type(e).__name__}: {e}"}
+            return {"ok": False, "reason": describe_error(e)}
         return {"ok": True, "staged": name, "version": adapter.version, "timings": adapter.timings}
 
     def skyrl_glm_commit(self, version: int, keep: list[str]) -> list[str]:
