@@ -77,7 +77,9 @@ def run_matrix(options: CheckOptions, transports: list[str], faults: list[str]) 
                             step()
                     version += 2
                     results.append(row)
-                    console.log(f"{transport} / {fault}: {row['outcome']} (expected {row['expected']}) {row.get('note', '')}")
+                    console.log(
+                        f"{transport} / {fault}: {row['outcome']} (expected {row['expected']}) {row.get('note', '')}"
+                    )
         finally:
             for step in stop:
                 step()
