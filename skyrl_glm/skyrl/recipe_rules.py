@@ -11,12 +11,14 @@ from typing import Any
 from skyrl_glm.skyrl.hardware import layout_problem
 
 
-def unsafe_megatron_targets(targets: Any, sampler: str = "vllm+skyrl") -> list[str]:
+def unsafe_megatron_targets(targets: Any, sampler: str | None = None) -> list[str]:
     """Megatron LoRA target names that every registered model maps to a module ``sampler`` does not apply, with the
-    reason. Inside SkyRL the sampler is ``vllm+skyrl``: SkyRL's worker wrap applies MLA ``kv_b_proj``
-    (``linear_kv_up_proj``) LoRA, so no GLM target is refused there today; the rule stays for the targets a future
-    sampler ignores."""
+    reason. By default the sampler is SkyRL's vLLM server as installed here: ``vllm+skyrl`` where SkyRL's MLA patch
+    is in effect (it applies ``linear_kv_up_proj`` = MLA ``kv_b_proj``), stock ``vllm`` otherwise or without vLLM."""
+    from skyrl_glm.models.vllm_targets import sampler_backend
     from skyrl_glm.plugins import registry
+
+    sampler = sampler or sampler_backend("cuda", skyrl_worker=True)
 
     if isinstance(targets, str):
         return []
