@@ -13,6 +13,7 @@ import ray
 import torch
 from skyrl.backends.skyrl_train.workers.fsdp import fsdp_worker
 
+from skyrl_glm.lora.experts import fused_expert_loras, vllm_adapter_config, vllm_expert_adapter
 from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
 
 
@@ -31,7 +32,9 @@ class FSDPPolicyWorkerBase(GlmSyncMixin, fsdp_worker.FSDPPolicyWorkerBase):
         if torch.distributed.get_rank() != 0:
             return None
         peft_model = getattr(self.model.model, "_fsdp_wrapped_module", self.model.model)
-        return dict(tensors), peft_model.peft_config["default"].to_dict()
+        fused = fused_expert_loras(peft_model)  # routed experts: PEFT's fused tensors -> vLLM's per-expert names
+        config = vllm_adapter_config(peft_model.peft_config["default"].to_dict(), fused)
+        return vllm_expert_adapter(dict(tensors), fused), config
 
     def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
         return (p for n, p in self.model.model.named_parameters() if "lora_B" in n)
