@@ -1,0 +1,74 @@
+"""What the sampler needs to serve a GLM checkpoint on vLLM's GPU build, decided on CPU: router fields, engine
+environment, one-line errors for a missing vLLM and for an engine failure without a message."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from skyrl_glm.models.glm5 import ROUTER
+from skyrl_glm.models.tiny import make_tiny
+from skyrl_glm.plugins import registry
+from skyrl_glm.usage import UsageError
+
+GLM5 = registry().model("glm-5.3")
+
+
+def test_tiny_glm5_is_served_with_glm_routing_and_a_deepgemm_indexer(tmp_path) -> None:
+    config = json.loads((make_tiny(GLM5, tmp_path / "m") / "config.json").read_text())
+    assert {k: config[k] for k in ROUTER} == ROUTER
+    assert config["index_n_heads"] in (16, 32, 64)  # what vLLM's DeepGEMM indexer takes
+
+
+def test_router_fields_supplied_on_gpu_only_where_missing(tmp_path) -> None:
+    model = make_tiny(GLM5, tmp_path / "m")
+    assert GLM5.sampler_overrides(model, device="cuda", max_model_len=None) == {}
+    path = model / "config.json"
+    config = json.loads(path.read_text())
+    del config["topk_method"]
+    config["scoring_func"] = "softmax"  # HF routes with sigmoid whatever the file says: vLLM must too
+    path.write_text(json.dumps(config))
+    assert GLM5.sampler_overrides(model, device="cuda", max_model_len=None) == {"hf_overrides": ROUTER}
+
+
+def test_flashinfer_absent_turns_off_its_sampler(monkeypatch) -> None:
+    from skyrl_glm.sync.vllm.engine import apply_engine_environment, engine_environment
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
+    assert engine_environment() == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
+    apply_engine_environment()
+    import os
+
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1"  # a value the user set wins
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flashinfer" else None)
+    assert engine_environment() == {}
+
+
+def test_missing_vllm_is_one_line_before_any_work(monkeypatch) -> None:
+    from skyrl_glm.check.runner import CheckOptions, prepare
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(UsageError, match="vLLM is not installed"):
+        prepare(CheckOptions())
+
+
+def test_an_error_without_a_message_says_where_it_was_raised() -> None:
+    from skyrl_glm.sync.update import describe_error
+
+    def loader() -> None:
+        raise AssertionError  # as a bare assert in vLLM's set_lora does (pytest would rewrite a real one)
+
+    try:
+        try:
+            loader()
+        except AssertionError as inner:
+            raise RuntimeError("vLLM could not load the adapter") from inner
+    except RuntimeError as e:
+        text = describe_error(e)
+    assert text.startswith("RuntimeError: vLLM could not load the adapter <- AssertionError at ")
+    assert "test_sampler_settings.py:" in text
