@@ -12,7 +12,7 @@ from typing import Any
 import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from skyrl_glm.dapo.answer import score
+from skyrl_glm.dapo.reward import score
 
 ENV_ID = "glm_math"
 
