@@ -92,9 +92,10 @@ def _command_modules() -> list:
     from skyrl_glm import recipes_cli
     from skyrl_glm.bench import cli as bench_cli
     from skyrl_glm.check import cli as check_cli
+    from skyrl_glm.dapo import cli as dapo_cli
     from skyrl_glm.skyrl import cli as train_cli
 
-    return [check_cli, bench_cli, train_cli, recipes_cli]
+    return [check_cli, bench_cli, train_cli, recipes_cli, dapo_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
