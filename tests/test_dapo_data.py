@@ -207,5 +207,6 @@ def test_corrupt_input_is_one_line_on_the_real_stderr(tmp_path):
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"skyrl-glm: error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"skyrl-glm: error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
     assert not (tmp_path / "o").exists()
