@@ -148,6 +148,9 @@ def test_extraction_forms():
     assert extract_answer("The final answer is $28\\%$. I hope it is correct.") == "28\\%"
     assert extract_answer("**Answer: \\boxed{7}**") == "7"
     assert extract_answer("Answer: " + "x" * 5000) is None  # prose, not an answer
+    # a final box cut off by the length cap is no answer, and does not fall back to an earlier one
+    assert extract_answer("Answer: 41\nWait, recheck: \\boxed{4") is None
+    assert extract_answer("\\boxed{42} or rather \\boxed{4") is None
     assert final_text("<think>Answer: 4</think>ok<|user|>more") == "ok"
     assert final_text("<think>still thinking, Answer: 4") is None
 

@@ -63,13 +63,14 @@ def _box_at(text: str, start: int, opener: str) -> tuple[int, str] | None:
     return None
 
 
-def _last_box(text: str) -> tuple[int, str] | None:
-    """(start, content) of the last closed ``\\boxed{...}`` / ``\\fbox{...}``: one walk over its braces."""
+def _last_box(text: str) -> tuple[int, str | None] | None:
+    """(start, content) of the last ``\\boxed{`` / ``\\fbox{`` (content None if it never closes), or None if there
+    is none: one walk over its braces."""
     start, opener = max((text.rfind(o), o) for o in _BOX_OPENERS)
     if start < 0:
         return None
     box = _box_at(text, start, opener)
-    return None if box is None else (start, box[1])
+    return start, None if box is None else box[1]
 
 
 def _unbox(answer: str) -> str:
@@ -150,14 +151,14 @@ def extract_answer(response: str) -> str | None:
     box = _last_box(window)
     marker = _last_marker(window)
     if box is not None and (marker is None or box[0] > marker[0]):
+        if box[1] is None:  # the final box was cut off by the length cap: no answer, not an earlier one
+            return None
         answer = box[1]
     elif marker is not None:
         answer = marker[1]
     else:
         return None
     if len(answer) > 4 * MAX_ANSWER_CHARS:  # prose, not an answer; also keeps clean() short
-        return None
-    if any(o in answer for o in _BOX_OPENERS) and _last_box(answer) is None:  # a box cut off by the length cap
         return None
     answer = clean(answer)
     if not answer or len(answer) > MAX_ANSWER_CHARS:
