@@ -130,6 +130,15 @@ def test_time_cap_on_the_math_verify_path():
     assert after.correct and after.path == "math-verify"
 
 
+def test_a_dead_helper_is_replaced():
+    from skyrl_glm.dapo import verify
+
+    assert score("Answer: \\sqrt{9}", "3").correct  # helper up
+    verify._HELPER._proc.kill()
+    verify._HELPER._proc.wait()
+    assert score("Answer: \\sqrt{16}", "4").correct
+
+
 def test_scores_from_a_thread_pool_like_skyrl():
     # SkyRL runs env.step in a ThreadPoolExecutor: math-verify's own signal timeout refuses threads; ours does not.
     jobs = [("Answer: \\sqrt{8}", "2\\sqrt{2}", True), ("Answer: \\pi", "\\frac{\\pi}{2}", False),

@@ -123,6 +123,7 @@ class _Helper:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
+        self._owner = os.getpid()  # a forked child must not share its parent's helper (one pipe, two writers)
 
     def _reply(self, timeout_s: float) -> list | None:
         proc = self._proc
@@ -139,12 +140,14 @@ class _Helper:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            text=True,
+            encoding="utf-8",
             env=env,
         )
         if self._reply(120) != ["ready", None]:
             self._stop()
-            raise RuntimeError("the math-verify helper process did not start")
+            raise RuntimeError(
+                f"the math-verify helper did not start (try: {sys.executable} -m {__name__} < /dev/null)"
+            )
 
     def _stop(self) -> None:
         if self._proc is not None:
@@ -154,11 +157,18 @@ class _Helper:
 
     def verify(self, answer: str, truth: str, time_cap_s: float) -> Verdict:
         with self._lock:  # the cap is per response: time spent waiting for another thread's turn is not charged
+            if self._owner != os.getpid():
+                self._proc, self._owner = None, os.getpid()
             if self._proc is None or self._proc.poll() is not None:
                 self._start()  # nor is start-up (imports)
-            self._proc.stdin.write(json.dumps([answer, truth]) + "\n")
-            self._proc.stdin.flush()
-            reply = self._reply(time_cap_s)
+            try:
+                self._proc.stdin.write(json.dumps([answer, truth]) + "\n")
+                self._proc.stdin.flush()
+                reply = self._reply(time_cap_s)
+            except (OSError, ValueError) as e:  # the helper died under us (killed, out of memory)
+                log.warning("math-verify helper lost (%s); scored as wrong, a new one starts next time", e)
+                self._stop()
+                return Verdict(False, "error")
             if reply is None:
                 log.warning("math-verify took over %.1f s on %r vs %r; scored as wrong", time_cap_s, answer, truth)
                 self._stop()
