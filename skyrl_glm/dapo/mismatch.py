@@ -36,10 +36,15 @@ class MismatchMetrics(TrainingCallback):
         summary = getattr(trainer, "summary", None)
         if isinstance(summary, dict):
             summary.setdefault("mismatch", []).append({"step": callback_input.global_step, **found})
-        log.info(
-            "step %d trainer/sampler mismatch: |dlogp| mean %s max %s, IS ratio mean %s",
-            callback_input.global_step,
-            found.get("policy/rollout_train_logprobs_abs_diff_mean", "-"),
-            found.get("policy/rollout_train_logprobs_abs_diff_max", "-"),
-            found.get("policy/loss_metrics/is_ratio_mean", "-"),
-        )
+        shown = [
+            f"{name} {found[key]:.3g}"
+            for name, key in (
+                ("|dlogp| mean", "policy/rollout_train_logprobs_abs_diff_mean"),
+                ("max", "policy/rollout_train_logprobs_abs_diff_max"),
+                ("IS ratio mean", "policy/loss_metrics/is_ratio_mean"),
+                ("TIS-capped tokens", "policy/loss_metrics/tis_token_clip_high_ratio"),
+                ("masked sequences", "policy/loss_metrics/outlier_seq_masked_ratio"),
+            )
+            if isinstance(found.get(key), int | float)
+        ]
+        log.info("step %d trainer/sampler mismatch: %s", callback_input.global_step, ", ".join(shown))
