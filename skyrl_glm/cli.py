@@ -93,9 +93,10 @@ def _command_modules() -> list:
     from skyrl_glm.bench import cli as bench_cli
     from skyrl_glm.check import cli as check_cli
     from skyrl_glm.check import matrix as check_matrix
+    from skyrl_glm.dapo import cli as dapo_cli
     from skyrl_glm.skyrl import cli as train_cli
 
-    return [check_cli, check_matrix, bench_cli, train_cli, recipes_cli]
+    return [check_cli, check_matrix, bench_cli, train_cli, recipes_cli, dapo_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

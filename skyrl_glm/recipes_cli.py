@@ -1,7 +1,7 @@
-"""``skyrl-glm recipes | data | report``, and what ``skyrl-glm train --dry-run`` prints.
+"""``skyrl-glm recipes``, and what ``skyrl-glm train --dry-run`` prints.
 
-Parser building imports nothing heavy; SkyRL, datasets and matplotlib are imported inside the commands.
-Bad input (unknown recipe, bad key, wrong type, unreadable data) is one ``error:`` line and exit 2.
+Parser building imports nothing heavy; SkyRL is imported inside the commands.
+Bad input (unknown recipe, bad key, wrong type) is one ``error:`` line and exit 2.
 """
 
 from __future__ import annotations
@@ -191,52 +191,6 @@ def dry_run(recipe: str, overrides: list[str], args: argparse.Namespace | None =
     return 0
 
 
-def _cmd_data_prepare(args: argparse.Namespace) -> int:
-    import logging
-
-    from skyrl_glm.dapo.data import DataError, prepare
-
-    if not args.verbose:  # `datasets` logs a load failure itself; the one error line below says it
-        from datasets.utils import logging as datasets_logging
-
-        datasets_logging.set_verbosity(logging.CRITICAL)
-
-    try:
-        out = prepare(args.dataset, args.input, Path(args.output), limit=args.limit)
-    except (DataError, FileNotFoundError) as e:
-        return _error(str(e))
-    except Exception as e:  # a datasets id that cannot be fetched, a corrupt parquet: one line, not a traceback
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return _error(f"{args.input}: cannot load ({type(e).__name__}: {first})")
-    console.print(
-        f"wrote {out.path}: {out.rows_out} prompts ({out.rows_in} rows read, {out.duplicates} duplicates, "
-        f"{out.conflicting} prompts with conflicting answers dropped)",
-        highlight=False,
-    )
-    return 0
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    import json
-
-    from skyrl_glm.dapo.report import ReportError, collect, plot, print_table, to_json
-
-    try:
-        points = collect(Path(args.run_dir))
-    except ReportError as e:
-        return _error(str(e))
-    print_table(points, console)
-    if args.json:
-        Path(args.json).write_text(json.dumps(to_json(points), indent=2))
-        console.print(f"wrote {args.json}", highlight=False)
-    png = Path(args.png) if args.png else Path(args.run_dir) / "eval_report.png"
-    try:
-        console.print(f"wrote {plot(points, png)}", highlight=False)
-    except ImportError:
-        return _error("the PNG needs matplotlib: pip install 'skyrl-glm[plot]' (the table above is complete)")
-    return 0
-
-
 def add_parser(sub: Any) -> None:
     recipes = sub.add_parser("recipes", help="packaged training recipes").add_subparsers(
         dest="recipes_cmd", required=True
@@ -251,17 +205,3 @@ def add_parser(sub: Any) -> None:
     validate.add_argument("recipe", help="packaged recipe name or YAML file")
     validate.add_argument("overrides", nargs="*", help="key=value overrides")
     validate.set_defaults(func=_cmd_validate)
-
-    data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_cmd", required=True)
-    prep = data.add_parser("prepare", help="DAPO-Math-17k / AIME 2024 into SkyRL's prompt parquet (env glm_math)")
-    prep.add_argument("dataset", choices=("dapo-math", "aime2024"))
-    prep.add_argument("--input", required=True, help="a .parquet / .jsonl file, or a datasets id (name[:split])")
-    prep.add_argument("--output", required=True, help="output directory")
-    prep.add_argument("--limit", type=int, default=None, help="keep the first N prompts")
-    prep.set_defaults(func=_cmd_data_prepare)
-
-    report = sub.add_parser("report", help="eval accuracy, response length, cap share over steps from a run dir")
-    report.add_argument("run_dir", help="trainer.export_path of the run (holds dumped_evals/)")
-    report.add_argument("--png", help="where to write the plot (default RUN_DIR/eval_report.png)")
-    report.add_argument("--json", help="also write the numbers as JSON")
-    report.set_defaults(func=_cmd_report)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from skyrl_glm.cli import main
-from skyrl_glm.dapo.data import DataError, prepare
+from skyrl_glm.dapo.data import DataError, ground_truth, prepare
 
 DATA = Path(__file__).parent / "data"
 DAPO_JSONL = DATA / "dapo_math_17k_sample.jsonl"  # 17 rows: 5 problems x 3 copies + one prompt with two answers
@@ -23,20 +24,88 @@ def _jsonl_to_parquet(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_dapo_math_parquet_deduped_and_conflicts_dropped(tmp_path):
-    src = _jsonl_to_parquet(DAPO_JSONL, tmp_path / "dapo-math-17k.parquet")
+def _dapo_shaped_parquet(path: Path) -> Path:
+    """A parquet shaped like the public DAPO-Math-17k: the sample's 17 rows (5 problems x 3 copies, one prompt with
+    two answers), each copy again with its own extra_info index (the public file's copies differ there), and float
+    spellings of the answers ("55.0", "+09", "0023")."""
+    rows = [json.loads(line) for line in DAPO_JSONL.read_text().splitlines()]
+    spelled = {"55": "55.0", "9": "+09", "23": "0023"}
+    copies = []
+    for i, row in enumerate(rows):
+        copy = json.loads(json.dumps(row))
+        copy["extra_info"]["index"] = f"copy-{i}"
+        truth = copy["reward_model"]["ground_truth"]
+        copy["reward_model"]["ground_truth"] = spelled.get(truth, truth)
+        copies.append(copy)
+    pq.write_table(pa.Table.from_pylist(rows + copies), path)
+    return path
+
+
+def test_dapo_math_parquet_deduped_normalised_and_conflicts_dropped(tmp_path):
+    src = _dapo_shaped_parquet(tmp_path / "dapo-math-17k.parquet")
     out = prepare("dapo-math", str(src), tmp_path / "out")
-    assert (out.rows_in, out.rows_out, out.duplicates, out.conflicting) == (17, 5, 11, 1)
+    assert (out.rows_in, out.unique_prompts, out.conflicts_dropped, out.rows_out) == (34, 6, 1, 5)
     rows = pq.read_table(out.path).to_pylist()
-    assert {r["reward_model"]["ground_truth"] for r in rows} == {"55", "9", "2", "5", "23"}
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["2", "23", "5", "55", "9"]  # first seen order
     assert all(r["env_class"] == "glm_math" and r["data_source"] == "math_dapo" for r in rows)
     assert all("smallest prime" not in r["prompt"][0]["content"] for r in rows)  # the conflicting prompt
+    assert [p.name for p in out.path.parent.iterdir()] == ["dapo-math-17k.parquet"]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    "value,canonical",
+    [("33", "33"), ("033", "33"), ("+7", "7"), ("-4", "-4"), ("33.0", "33"), (" 12 ", "12"), ("1,000", "1000"),
+     (33.0, "33"), (5, "5")],
+)
+def test_ground_truth_canonical_integers(value, canonical):
+    assert ground_truth(value) == canonical
+
+
+@pytest.mark.parametrize(
+    "value,reason",
+    [("nan", "not an integer"), (float("nan"), "not an integer"), ("", "empty"), ("  ", "empty"),
+     ("33.5", "not an integer"), (2.5, "not an integer"), ("['1', '2']", "container"), ("{'a': 1}", "container"),
+     (["1"], "list"), ({"a": 1}, "dict"), (None, "not an integer"), (True, "not an integer"), ("inf", "not an integer"),
+     ("\\frac{1}{2}", "not an integer")],
+)
+def test_ground_truth_refused(value, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        ground_truth(value)
+
+
+def test_bad_rows_named_exit_2_nothing_written(tmp_path, capsys):
+    rows = [json.loads(line) for line in DAPO_JSONL.read_text().splitlines()]
+    rows[3]["reward_model"]["ground_truth"] = "nan"
+    rows[7]["reward_model"]["ground_truth"] = "['1', '2']"
+    rows[11]["prompt"][0]["content"] = "   "
+    src = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    out = tmp_path / "out"
+    assert main(["data", "prepare", "dapo-math", "--input", str(src), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "3 bad row(s), nothing written" in err
+    assert "row 3: ground truth 'nan' is not an integer" in err
+    assert "row 7: ground truth \"['1', '2']\" is a container" in err
+    assert "row 11: prompt has no non-empty user message" in err
+    assert not out.exists()
+
+
+def test_an_existing_output_survives_a_failed_prepare(tmp_path):
+    out = prepare("aime2024", str(AIME_JSONL), tmp_path)
+    before = out.path.read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"problem": "Find x.", "answer": "nan"}) + "\n")
+    with pytest.raises(DataError, match="row 0: ground truth 'nan'"):
+        prepare("aime2024", str(bad), tmp_path)
+    assert out.path.read_bytes() == before
 
 
 def test_aime_jsonl_one_row_per_problem_with_its_own_data_source(tmp_path):
     out = prepare("aime2024", str(AIME_JSONL), tmp_path)
     rows = pq.read_table(out.path).to_pylist()
     assert out.path.name == "aime-2024.parquet" and len(rows) == 3
+    assert (out.rows_in, out.unique_prompts, out.conflicts_dropped) == (12, 3, 0)
     assert {r["data_source"] for r in rows} == {"aime2024"}  # SkyRL names eval metrics and dumps by it
 
 
@@ -54,10 +123,11 @@ def test_datasets_id_path_on_a_local_dataset_repo(tmp_path):
 
 
 def test_bare_problem_answer_rows_get_the_dapo_instruction(tmp_path):
-    src = tmp_path / "aime.jsonl"
-    src.write_text(json.dumps({"Problem": "Find 6 * 7.", "Answer": 42}) + "\n")
+    # A float answer column (a parquet column holding a NaN is float64): 42.0 is written as "42".
+    src = tmp_path / "aime.parquet"
+    pq.write_table(pa.table({"Problem": ["Find 6 * 7.", "Find 2 + 2."], "Answer": [42.0, 4.0]}), src)
     rows = pq.read_table(prepare("aime2024", str(src), tmp_path / "o").path).to_pylist()
-    assert rows[0]["reward_model"]["ground_truth"] == "42"
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["42", "4"]
     content = rows[0]["prompt"][0]["content"]
     assert "Find 6 * 7." in content and 'after "Answer:"' in content
 
@@ -85,6 +155,8 @@ def test_skyrl_prompt_dataset_and_env_read_the_output(tmp_path):
     "rows,message",
     [
         ([{"prompt": [{"role": "user", "content": "q"}], "reward_model": {"style": "rule"}}], "row 0: reward_model"),
+        ([{"problem": "", "answer": 3}], "row 0: problem is empty"),
+        ([{"problem": "Find x.", "answer": 3.5}], "row 0: ground truth 3.5 is not an integer"),
         ([{"prompt": "not messages", "question": None, "answer": None}], "row 0: neither"),
         ([{"prompt": [{"role": "user"}], "reward_model": {"ground_truth": "1"}}], "row 0: prompt must be"),
     ],
@@ -99,7 +171,8 @@ def test_rows_outside_the_schema_are_named(tmp_path, rows, message):
 
 def test_cli_prepare_and_bad_input_exit_2(tmp_path, capsys):
     assert main(["data", "prepare", "aime2024", "--input", str(AIME_JSONL), "--output", str(tmp_path)]) == 0
-    assert "3 prompts" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "12 rows in, 3 unique prompts, 0 dropped for conflicting answers: wrote 3 prompts" in out
     corrupt = tmp_path / "corrupt.parquet"
     corrupt.write_bytes(b"PAR1 not really a parquet file")
     (tmp_path / "repo" / "data").mkdir(parents=True)
@@ -113,7 +186,7 @@ def test_cli_prepare_and_bad_input_exit_2(tmp_path, capsys):
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert err.startswith("skyrl-glm: error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
 
 
 def test_corrupt_input_is_one_line_on_the_real_stderr(tmp_path):
@@ -134,5 +207,6 @@ def test_corrupt_input_is_one_line_on_the_real_stderr(tmp_path):
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"skyrl-glm: error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
     assert not (tmp_path / "o").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from skyrl.train.generators.utils import get_rollout_metrics
-from skyrl.train.utils.trainer_utils import dump_per_dataset_eval_results
+from skyrl.train.utils.trainer_utils import calculate_per_dataset_metrics, dump_per_dataset_eval_results
 
 from skyrl_glm.cli import main
 from skyrl_glm.dapo.report import ReportError, collect, dumped_eval_metrics
@@ -98,4 +98,85 @@ def test_report_bad_run_dirs(tmp_path, capsys, caplog):
     for run_dir in (tmp_path, tmp_path / "missing"):
         assert main(["report", str(run_dir)]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error:") and len(err.splitlines()) == 1, err
+        assert err.startswith("skyrl-glm: error:") and len(err.splitlines()) == 1, err
+
+
+def test_mean_and_pass_at_n_as_skyrl_computes_them(tmp_path, tokenizer):
+    # 3 prompts x 4 samples: 4/4, 1/4 and 0/4 right -> mean@4 5/12, pass@4 2/3; SkyRL's own metrics agree.
+    samples = [[(1.0, 10, "stop")] * 4, [(1.0, 10, "stop")] + [(-1.0, 10, "length")] * 3, [(-1.0, 10, "stop")] * 4]
+    _dump(tmp_path, 3, tokenizer, samples)
+    (point,) = collect(tmp_path)
+    assert point.accuracy == pytest.approx(5 / 12) and point.pass_at_n == pytest.approx(2 / 3)
+    assert point.cap_share == 0.25
+    # what SkyRL's evaluate logs for the same samples (its per-data-source eval metrics)
+    rewards = [r for prompt in samples for r, _, _ in prompt]
+    uids = [str(p) for p, prompt in enumerate(samples) for _ in prompt]
+    skyrl = calculate_per_dataset_metrics({"rewards": rewards}, uids, ["aime2024"] * len(uids), 4)
+    assert skyrl["eval/aime2024/pass_at_4"] == pytest.approx(point.pass_at_n)
+    assert skyrl["eval/aime2024/mean_positive_reward"] == pytest.approx(point.accuracy)
+
+
+def test_report_from_one_dump_file(tmp_path, tokenizer, capsys):
+    _dump(tmp_path, 7, tokenizer, [[(1.0, 12, "stop"), (-1.0, 100, "length")]])
+    dump = tmp_path / "dumped_evals" / "global_step_7_evals" / "aime2024.jsonl"
+    (point,) = collect(dump)
+    assert (point.step, point.data_source, point.accuracy, point.pass_at_n, point.cap_share) == (
+        7, "aime2024", 0.5, 1.0, 0.5
+    )
+    assert main(["report", str(dump)]) == 0
+    assert "50.0%" in capsys.readouterr().out
+    assert dump.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _one_line_exit_2(argv, capsys) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("skyrl-glm: error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "eval over training steps" not in captured.out  # refused before any table
+    return err
+
+
+@pytest.mark.parametrize(
+    "lines,message",
+    [
+        (['{"score": "1.0", "input_prompt": "p"}'], "aime2024.jsonl:1: score '1.0' is not a number"),
+        (['{"score": null, "input_prompt": "p"}'], "aime2024.jsonl:1: score None is not a number"),
+        (['{"score": 1.0, "input_prompt": "p"}', '{"score": [0.0, 1.0], "input_prompt": "p"}'],
+         "aime2024.jsonl:2: score mixes sequence rewards and token-reward lists"),
+        (['{"score": [1.0, "x"], "input_prompt": "p"}'], "aime2024.jsonl:1: score [1.0, 'x'] is not a number"),
+        (['{"score": NaN, "input_prompt": "p"}'], "aime2024.jsonl:1: score nan is not a number"),
+        (['{"score": true, "input_prompt": "p"}'], "aime2024.jsonl:1: score True is not a number"),
+        (['{"input_prompt": "p"}'], "aime2024.jsonl:1: a record needs input_prompt and score"),
+    ],
+)
+def test_report_bad_scores_one_line(tmp_path, capsys, lines, message):
+    eval_dir = tmp_path / "dumped_evals" / "global_step_1_evals"
+    eval_dir.mkdir(parents=True)
+    (eval_dir / "aime2024.jsonl").write_text("\n".join(lines) + "\n")
+    assert message in _one_line_exit_2(["report", str(tmp_path)], capsys)
+    assert main(["report", str(eval_dir / "aime2024.jsonl")]) == 2  # the same through the dump-file door
+    capsys.readouterr()
+
+
+def test_report_unreadable_dumps_one_line(tmp_path, capsys):
+    eval_dir = tmp_path / "dumped_evals" / "global_step_1_evals"
+    eval_dir.mkdir(parents=True)
+    (eval_dir / "aime2024.jsonl").write_bytes(b'{"score": 1.0, "input_prompt": "\xff\xfe"}\n')
+    assert "aime2024.jsonl: not UTF-8 text" in _one_line_exit_2(["report", str(tmp_path)], capsys)
+    (eval_dir / "aime2024.jsonl").unlink()
+    (eval_dir / "math.jsonl").mkdir()  # a directory named like a dump
+    assert "math.jsonl: not a file" in _one_line_exit_2(["report", str(tmp_path)], capsys)
+    # given as the run itself, it is a directory without eval dumps
+    assert "math.jsonl: no SkyRL eval dumps" in _one_line_exit_2(["report", str(eval_dir / "math.jsonl")], capsys)
+
+
+def test_report_outputs_checked_before_the_table(tmp_path, tokenizer, capsys):
+    _dump(tmp_path, 0, tokenizer, [[(1.0, 10, "stop")]])
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for option in ("--json", "--png"):
+        err = _one_line_exit_2(["report", str(tmp_path), option, str(blocker / "out")], capsys)
+        assert err.startswith(f"skyrl-glm: error: {option} {blocker / 'out'}:"), err
+        err = _one_line_exit_2(["report", str(tmp_path), option, str(tmp_path)], capsys)
+        assert "is a directory" in err

@@ -57,6 +57,60 @@ def test_recipe_promises(recipe):
     assert "linear_kv_up_proj" not in lora.target_modules
 
 
+# The loss and advantage settings a recipe must state itself (SkyRL's defaults for some change in its next release).
+EXPLICIT_ALGORITHM = (
+    "advantage_estimator", "grpo_norm_by_std", "advantage_batch_normalize", "zero_variance_filter",
+    "policy_loss_type", "eps_clip_low", "eps_clip_high", "loss_reduction", "temperature", "use_kl_loss",
+    "kl_loss_coef", "use_kl_in_reward", "use_entropy_loss", "enable_sample_support_replay", "dynamic_sampling",
+    "off_policy_correction",
+)
+
+
+def _recipe_yaml(name: str) -> dict:
+    """The recipe's own YAML merged over its bases' (what the files state, before SkyRL's defaults)."""
+    from omegaconf import OmegaConf
+
+    from skyrl_glm.skyrl.config import resolve_recipe
+
+    path = resolve_recipe(name)
+    own = yaml.safe_load(path.read_text())
+    base = own.pop("base", None)
+    merged = OmegaConf.merge(_recipe_yaml(base) if base else {}, own)
+    return OmegaConf.to_container(merged)
+
+
+@pytest.mark.parametrize("name", [*GLM_RECIPES, "tiny_cpu_grpo"])
+def test_every_loss_and_advantage_setting_stated_and_off_policy_correction_on(name):
+    stated = _recipe_yaml(name)["trainer"]["algorithm"]
+    assert [k for k in EXPLICIT_ALGORITHM if k not in stated] == []
+    cfg = load_config(name)
+    opc = cfg.trainer.algorithm.off_policy_correction
+    assert (opc.tis_ratio_type, opc.token_tis_ratio_clip_high) == ("token", 2.0)
+    assert (opc.outlier_token_is_threshold_low, opc.outlier_token_is_threshold_high) == (1e-4, 100.0)
+    assert cfg.generator.sampling_params.logprobs == 1  # the sampler's logprobs feed the correction
+    validate_cfg(cfg)
+
+
+def test_routing_replay_per_model_and_why():
+    glm53, flash = load_config("glm53_dapo_math"), load_config("glm53_flash_dapo_math_2node")
+    assert not glm53.trainer.policy.megatron_config.moe_enable_routing_replay
+    assert not glm53.generator.inference_engine.enable_return_routed_experts
+    assert flash.trainer.policy.megatron_config.moe_enable_routing_replay
+    assert flash.generator.inference_engine.enable_return_routed_experts
+    assert flash.generator.inference_engine.distributed_executor_backend == "mp"
+    # The reason GLM-5.3 leaves it off, from SkyRL's own validation: replay needs vLLM's mp executor, and a
+    # GLM-5.3 engine (TP 8 x PP 2) spans two nodes, which takes the ray executor.
+    replay = [
+        "trainer.policy.megatron_config.moe_enable_routing_replay=true",
+        "generator.inference_engine.enable_return_routed_experts=true",
+    ]
+    with pytest.raises(AssertionError, match="use the vLLM mp backend"):
+        validate_cfg(load_config("glm53_dapo_math", replay))
+    with pytest.raises(AssertionError, match="use the vLLM mp backend"):
+        ray_executor = ["generator.inference_engine.distributed_executor_backend=ray"]
+        validate_cfg(load_config("glm53_flash_dapo_math_2node", ray_executor))
+
+
 def _write(tmp_path, text: str):
     path = tmp_path / "my_recipe.yaml"
     path.write_text(text)

@@ -82,8 +82,23 @@ def test_memory_sync_trains_two_grpo_steps_without_writing_an_adapter(tmp_path: 
     # ... and no adapter file was written: SkyRL's LoRA sync directory stays empty
     sync_dir = tmp_path / "lora_sync"
     assert not sync_dir.exists() or not any(sync_dir.iterdir()), list(sync_dir.iterdir())
-    # issue 12: the GLM reward scored the evals SkyRL dumped, and `skyrl-glm report` renders them (table + PNG)
+    # the GLM reward scored the evals SkyRL dumped, and `skyrl-glm report` renders them (table + PNG)
     report_run_dir(tmp_path / "export_path")
+    assert_mismatch_logged(summary)
+
+
+def assert_mismatch_logged(summary: dict[str, Any]) -> None:
+    """The recipe's off-policy correction ran (its TIS and outlier-mask metrics exist only when it is on) and each
+    step's trainer/sampler mismatch is in the summary."""
+    mismatch = summary["mismatch"]
+    assert [m["step"] for m in mismatch] == [1, 2], mismatch
+    for m in mismatch:
+        gap = m["policy/rollout_train_logprobs_abs_diff_mean"]
+        assert 0 <= gap < 0.05, m  # fp32 on both sides: the sampled tokens' logprobs agree closely
+        assert m["policy/rollout_train_logprobs_abs_diff_max"] >= gap
+        assert 0.5 < m["policy/loss_metrics/is_ratio_mean"] < 2.0, m
+        assert 0 <= m["policy/loss_metrics/tis_token_clip_high_ratio"] <= 1, m
+        assert 0 <= m["policy/loss_metrics/outlier_seq_masked_ratio"] <= 1, m
 
 
 def report_run_dir(export: Path) -> None:

@@ -1,36 +1,33 @@
-"""GLM answer extraction in front of skyrl_gym's DAPO math reward.
+"""The final answer a GLM response gives, found in one bounded pass.
 
 GLM chat models end a turn with a role token (``<|user|>``, ``<|observation|>``) or ``<|endoftext|>``, think inside
-``<think>...</think>``, and write the final answer as inline math (``\\(42\\)``, ``$42$``), in bold
-(``**Answer:** 42``) or only as ``\\boxed{42}``. The DAPO verifier (``skyrl_gym.envs.aime.utils``) reads the last
-``Answer:`` line and compares it after its own normalisation, so ``Answer: \\(42\\)`` or a bare ``\\boxed{42}`` score
--1 though they are right. This module finds the final answer the way a GLM writes it, then hands
-``Answer: <answer>`` to the DAPO reward unchanged, so the comparison rules stay the reference ones.
+``<think>...</think>``, and write the final answer as inline or display math (``\\(42\\)``, ``$42$``, ``\\[ 42 \\]``),
+in bold (``**Answer:** 42``, ``**Final Answer**`` with the math on the next lines) or only as ``\\boxed{42}``.
+The answer is whichever comes last in the final text: the last ``Answer:`` line or the last ``\\boxed{}`` (a box
+written after an ``Answer:`` line corrects it). Only the last :data:`WINDOW_CHARS` characters of the final text are
+searched, and every step is a linear scan (``str.find``/``rfind``, one brace walk, regexes without nested
+repetition), so a degenerate megabyte response costs milliseconds, not seconds, in SkyRL's env thread pool.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-
-from skyrl_gym.envs.aime import utils as dapo_math
 
 # Tokens that close a GLM assistant turn; text after the first one belongs to another turn.
 END_OF_TURN = ("<|user|>", "<|observation|>", "<|endoftext|>", "<|system|>", "<|assistant|>")
+# The answer is searched in the tail of the final text: a final answer is written at the end.
+WINDOW_CHARS = 4096
+# An "answer" longer than this is prose, not an answer (the longest MATH-500 answer has 159 characters).
+MAX_ANSWER_CHARS = 400
+# Lines of display math collected after a bare ``Answer:`` / ``**Final Answer**`` line.
+MAX_DISPLAY_LINES = 8
 
-# ``Answer:`` as GLM writes it, also in bold (``**Answer:** x``, ``**Answer: x**``); the answer is the rest of
-# the line, or the next non-empty line when the colon ends the line (as in the DAPO pattern).
-_ANSWER_LINE = re.compile(r"(?i)\**\s*answer\s*\**\s*:\s*\**[ \t]*\n*[ \t]*([^\n]+)")
-_INLINE_MATH = (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$"), ("$", "$"))
-
-
-@dataclass(frozen=True)
-class Scored:
-    """One response scored: reward as the DAPO reward gives it (+1/-1), whether it was right, what was compared."""
-
-    reward: float
-    correct: bool
-    answer: str | None
+# ``Answer:`` (also ``**Answer:**``, ``**Answer**:``, ``Final Answer:``) or ``final answer is``. No two adjacent
+# repetitions can match the same characters, so matching is linear in the line length.
+_MARKER = re.compile(r"(?i)(final[ \t]+)?answer[ \t]*(?:\*\*[ \t]*)?(:|is\b)")
+_BOX_OPENERS = ("\\boxed{", "\\fbox{")
+_DELIMITERS = (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$"), ("$", "$"), ("**", "**"))
+_DISPLAY_OPEN = {"\\[": "\\]", "$$": "$$"}
 
 
 def final_text(response: str) -> str | None:
@@ -41,58 +38,129 @@ def final_text(response: str) -> str | None:
     """
     cut = len(response)
     for token in END_OF_TURN:
-        at = response.find(token)
+        at = response.find(token, 0, cut)
         if at >= 0:
-            cut = min(cut, at)
-    text = response[:cut]
-    if "</think>" in text:
-        return text.rsplit("</think>", 1)[1]
-    if "<think>" in text:
+            cut = at
+    closed = response.rfind("</think>", 0, cut)
+    if closed >= 0:
+        return response[closed + len("</think>") : cut]
+    if response.find("<think>", 0, cut) >= 0:
         return None
-    return text
+    return response[:cut]
 
 
-def _strip_math(answer: str) -> str:
-    answer = answer.strip().strip("*").strip()
-    changed = True
-    while changed:
-        changed = False
-        for left, right in _INLINE_MATH:
-            if len(answer) > len(left) + len(right) and answer.startswith(left) and answer.endswith(right):
-                answer = answer[len(left) : -len(right)].strip()
-                changed = True
-    return answer.rstrip(".").strip()
+def _box_at(text: str, start: int, opener: str) -> tuple[int, str] | None:
+    """(end, content) of the box opened at ``start``, or None if it never closes (truncated mid-answer)."""
+    depth = 0
+    for i in range(start + len(opener) - 1, len(text)):
+        ch = text[i]
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1, text[start + len(opener) : i]
+    return None
 
 
-def _boxed(text: str) -> str | None:
-    boxed = dapo_math.last_boxed_only_string(text)
-    return dapo_math.remove_boxed(boxed) if boxed is not None else None
+def _last_box(text: str) -> tuple[int, str | None] | None:
+    """(start, content) of the last ``\\boxed{`` / ``\\fbox{`` (content None if it never closes), or None if there
+    is none: one walk over its braces."""
+    start, opener = max((text.rfind(o), o) for o in _BOX_OPENERS)
+    if start < 0:
+        return None
+    box = _box_at(text, start, opener)
+    return start, None if box is None else box[1]
+
+
+def _unbox(answer: str) -> str:
+    """The content of a box that spans all of ``answer``, else ``answer``."""
+    for opener in _BOX_OPENERS:
+        if answer.startswith(opener):
+            box = _box_at(answer, 0, opener)
+            if box is not None and box[0] == len(answer):
+                return box[1]
+    return answer
+
+
+def _last_marker(text: str) -> tuple[int, str] | None:
+    """(position, answer text) of the last answer marker: the rest of its line, or the display math / first
+    non-empty line that follows when the marker ends its line."""
+    lines = text.split("\n")
+    offset = len(text)
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index]
+        offset -= len(line) + (1 if index < len(lines) - 1 else 0)
+        found = None
+        for m in _MARKER.finditer(line):
+            if m.group(2) == ":" or m.group(1):
+                found = m
+        if found is None:
+            continue
+        rest = line[found.end() :].strip().strip("*").strip()
+        if rest:
+            return offset + found.start(), _leading_math(rest)
+        following = [ln.strip() for ln in lines[index + 1 : index + 1 + MAX_DISPLAY_LINES]]
+        following = [ln for ln in following if ln]
+        if not following:
+            return None
+        close = _DISPLAY_OPEN.get(following[0])
+        if close is None:
+            return offset + found.start(), following[0]
+        body = []
+        for ln in following[1:]:
+            if ln == close:
+                return offset + found.start(), " ".join(body)
+            body.append(ln)
+        return None  # display math never closed
+    return None
+
+
+def _leading_math(rest: str) -> str:
+    """The math span ``rest`` starts with, if it does (``$28\\%$. I hope it is correct.`` -> ``$28\\%$``)."""
+    for left, right in _DELIMITERS[:4]:
+        if rest.startswith(left):
+            end = rest.find(right, len(left))
+            if end > len(left):
+                return rest[: end + len(right)]
+    return rest
+
+
+def clean(answer: str) -> str:
+    """``answer`` without what only decorates it: surrounding math delimiters, bold, a box around all of it,
+    and final periods, in any order and nesting (``\\(42\\).``, ``$$42$$.``, ``**\\boxed{42}**``)."""
+    previous = None
+    while answer != previous:
+        previous = answer
+        answer = answer.strip().rstrip(".").strip()
+        for left, right in _DELIMITERS:
+            if len(answer) >= len(left) + len(right) + 1 and answer.startswith(left) and answer.endswith(right):
+                answer = answer[len(left) : -len(right)]
+                break
+        else:
+            answer = _unbox(answer)
+    return answer
 
 
 def extract_answer(response: str) -> str | None:
-    """The final answer a GLM response gives: the last ``Answer:`` line (its ``\\boxed{}`` if it has one), else
-    the last ``\\boxed{}``; inline-math delimiters, bold markers and a final period removed. None if there is none."""
+    """The final answer of a GLM response, cleaned (:func:`clean`); None if it gives none."""
     text = final_text(response)
     if text is None:
         return None
-    lines = _ANSWER_LINE.findall(text)
-    if lines:
-        line = lines[-1]
-        inner = _boxed(line)
-        answer = inner if inner is not None else line
-    else:
-        answer = _boxed(text)
-        if answer is None:
+    window = text[-WINDOW_CHARS:]
+    box = _last_box(window)
+    marker = _last_marker(window)
+    if box is not None and (marker is None or box[0] > marker[0]):
+        if box[1] is None:  # the final box was cut off by the length cap: no answer, not an earlier one
             return None
-    answer = _strip_math(answer)
-    inner = _boxed(answer)
-    return _strip_math(inner) if inner is not None else (answer or None)
-
-
-def score(response: str, ground_truth: str) -> Scored:
-    """The DAPO math reward of a GLM response: +1 if the extracted answer matches ``ground_truth``, else -1."""
-    answer = extract_answer(response)
-    if answer is None:
-        return Scored(reward=-1.0, correct=False, answer=None)
-    result = dapo_math.compute_score(f"Answer: {answer}", ground_truth)
-    return Scored(reward=float(result["score"]), correct=bool(result["acc"]), answer=answer)
+        answer = box[1]
+    elif marker is not None:
+        answer = marker[1]
+    else:
+        return None
+    if len(answer) > 4 * MAX_ANSWER_CHARS:  # prose, not an answer; also keeps clean() short
+        return None
+    answer = clean(answer)
+    if not answer or len(answer) > MAX_ANSWER_CHARS:
+        return None
+    return answer

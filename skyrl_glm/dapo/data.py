@@ -3,21 +3,27 @@
 Output rows follow the public DAPO files' schema, which is also what skyrl_gym's ``aime`` env and our ``glm_math``
 env read: ``prompt`` (chat messages), ``reward_model.ground_truth``, ``data_source``, ``ability``, ``extra_info``,
 plus ``env_class`` so the rows pick the GLM reward. Facts about the public files (BytedTsinghua-SIA/DAPO-Math-17k,
-BytedTsinghua-SIA/AIME-2024): the training file repeats each problem many times and a few prompts carry two
-different answers; the AIME file repeats each of its 30 problems. Both are reduced to one row per prompt and
-prompts with conflicting answers are dropped (as SkyRL's DAPO example does); repeated eval samples come from
-``generator.eval_n_samples_per_prompt`` instead.
+BytedTsinghua-SIA/AIME-2024): the training file is about 17.9 k prompts repeated about 100 times (1.79 M rows) and
+a few prompts carry two different answers; the AIME file is 30 problems x 32 copies. Both are reduced to one row per
+prompt and prompts with conflicting answers are dropped (as SkyRL's DAPO preparation does), so an epoch and mean@n
+mean what they say; repeated eval samples come from ``generator.eval_n_samples_per_prompt`` instead. Ground truths
+are checked and written as canonical integers (:func:`ground_truth`); any bad row stops the run with the rows named
+and nothing written, and the output appears whole or not at all (written beside its name, then renamed).
 """
 
 from __future__ import annotations
 
-import json
+import math
+import os
+import re
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from skyrl_glm.dapo.env import ENV_ID
+from skyrl_glm.usage import UsageError
 
 # The instruction the public DAPO files wrap every problem in (used for sources that ship bare problems).
 DAPO_PROMPT = (
@@ -44,19 +50,55 @@ KINDS = {
 }
 
 
-class DataError(ValueError):
-    """Input that is not a dataset in a known schema (the message names the row and the field)."""
+class DataError(UsageError):
+    """Input that is not a dataset in a known schema, or rows that would train on a wrong reward (the message names
+    the rows and the fields; nothing is written)."""
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """What one ``prepare`` call wrote."""
+    """What one ``prepare`` call read and wrote."""
 
     path: Path
     rows_in: int
+    unique_prompts: int
+    conflicts_dropped: int
     rows_out: int
-    duplicates: int
-    conflicting: int
+
+
+# Integers as the public files write them: ``33``, ``-4``, ``+033``, ``33.0``, ``1,000``.
+_INTEGER = re.compile(r"[+-]?(?:\d+|[1-9]\d{0,2}(?:,\d{3})+)(?:\.0*)?")
+_MAX_REASONS = 5
+
+
+def ground_truth(value: Any) -> str:
+    """The ground truth as the canonical integer string the reward compares with (``"033"``, ``33.0`` -> ``"33"``).
+
+    AIME and DAPO-Math-17k answers are integers by construction. Anything else is refused rather than written:
+    ``"nan"`` (a model answering "nan" would be paid), an empty string (nothing can match it), ``"33.5"``,
+    and containers or their string forms (``['1', '2']``, ``{'a': 1}``). Raises ValueError with the reason."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"ground truth {value!r} is not an integer")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise ValueError(f"ground truth {value!r} is not an integer")
+        return str(int(value))
+    if not isinstance(value, str):
+        raise ValueError(f"ground truth is a {type(value).__name__}, not an integer")
+    text = value.strip()
+    if not text:
+        raise ValueError("ground truth is empty")
+    if text[0] in "[({":
+        raise ValueError(f"ground truth {_short(text)} is a container, not an integer")
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(f"ground truth {_short(text)} is not an integer")
+    return str(int(text.split(".")[0].replace(",", "")))
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def load_rows(source: str) -> list[dict[str, Any]]:
@@ -69,14 +111,14 @@ def load_rows(source: str) -> list[dict[str, Any]]:
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".parquet":
-            return [dict(row) for row in datasets.load_dataset("parquet", data_files=str(path), split="train")]
+            return datasets.load_dataset("parquet", data_files=str(path), split="train").to_list()
         if suffix in (".jsonl", ".json"):
-            return [dict(row) for row in datasets.load_dataset("json", data_files=str(path), split="train")]
+            return datasets.load_dataset("json", data_files=str(path), split="train").to_list()
         raise DataError(f"{source}: expected a .parquet or .jsonl file, got {suffix or 'no suffix'}")
     name, _, split = source.partition(":")
     if not Path(name).is_dir() and (Path(name).suffix.lower() in (".parquet", ".jsonl", ".json") or name[:1] in "./~"):
         raise DataError(f"{source}: no such file or dataset directory")
-    return [dict(row) for row in datasets.load_dataset(name, split=split or "train")]
+    return datasets.load_dataset(name, split=split or "train").to_list()  # 9x faster than iterating rows
 
 
 def _field(row: dict[str, Any], *names: str) -> Any:
@@ -88,20 +130,21 @@ def _field(row: dict[str, Any], *names: str) -> Any:
 
 
 def normalise_row(row: dict[str, Any], index: int, kind: DatasetKind) -> dict[str, Any]:
-    """One output row from a row in the public DAPO schema, or from a bare ``problem``/``answer`` row."""
+    """One output row from a row in the public DAPO schema, or from a bare ``problem``/``answer`` row.
+    Raises ValueError naming the field when the row cannot train on a right reward."""
     reward_model = row.get("reward_model")
     prompt = row.get("prompt")
-    if isinstance(reward_model, dict) and isinstance(prompt, list):
-        if "ground_truth" not in reward_model or reward_model["ground_truth"] in (None, ""):
-            raise DataError(f"row {index}: reward_model has no ground_truth")
+    if isinstance(reward_model, dict) and isinstance(prompt, list | tuple):
+        if "ground_truth" not in reward_model:
+            raise ValueError("reward_model has no ground_truth")
         messages = []
         for m in prompt:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise DataError(f"row {index}: prompt must be a list of {{role, content}} messages")
+                raise ValueError("prompt must be a list of {role, content} messages")
             messages.append({"role": m["role"], "content": m["content"]})
-        if not messages:
-            raise DataError(f"row {index}: empty prompt")
-        ground_truth = str(reward_model["ground_truth"])
+        if not any(m["role"] == "user" and m["content"].strip() for m in messages):
+            raise ValueError("prompt has no non-empty user message")
+        truth = ground_truth(reward_model["ground_truth"])
         style = str(reward_model.get("style") or "rule")
         data_source = kind.data_source if kind.own_source else str(row.get("data_source") or kind.data_source)
         ability = str(row.get("ability") or "MATH")
@@ -109,60 +152,98 @@ def normalise_row(row: dict[str, Any], index: int, kind: DatasetKind) -> dict[st
     else:
         problem = _field(row, "problem", "question")
         answer = _field(row, "answer", "solution_answer")
-        if not isinstance(problem, str) or answer is None or str(answer) == "":
-            raise DataError(
-                f"row {index}: neither the DAPO schema (prompt messages + reward_model.ground_truth) "
-                f"nor problem/answer fields (has: {', '.join(sorted(row)) or 'nothing'})"
+        if not isinstance(problem, str) or answer is None:
+            raise ValueError(
+                "neither the DAPO schema (prompt messages + reward_model.ground_truth) "
+                f"nor problem/answer fields (has: {', '.join(sorted(map(str, row))) or 'nothing'})"
             )
+        if not problem.strip():
+            raise ValueError("problem is empty")
         messages = [{"role": "user", "content": DAPO_PROMPT.format(problem=problem.strip())}]
-        ground_truth, style = str(answer).strip(), "rule"
+        truth, style = ground_truth(answer), "rule"
         data_source, ability, extra_info = kind.data_source, "MATH", {}
     return {
         "data_source": data_source,
         "prompt": messages,
         "ability": ability,
         "env_class": ENV_ID,
-        "reward_model": {"ground_truth": ground_truth, "style": style},
+        "reward_model": {"ground_truth": truth, "style": style},
         "extra_info": {"index": str(extra_info.get("index", index))},
     }
 
 
-def dedupe(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int, int]:
-    """One row per prompt, first seen kept; prompts seen with two different ground truths dropped.
+def dedupe(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """One row per (data source, prompt, ability), the first seen kept, as SkyRL's DAPO preparation does; a prompt
+    whose copies disagree on the ground truth is dropped whole (training on it pays one of two answers).
 
-    Returns (rows, duplicates removed, conflicting prompts dropped)."""
-    by_prompt: dict[str, dict[str, Any]] = {}
-    answers: dict[str, set[str]] = {}
-    total = 0
+    Returns (rows, prompts dropped for conflicting answers)."""
+    first: dict[tuple, dict[str, Any]] = {}
+    truths: dict[tuple, set[str]] = {}
     for row in rows:
-        total += 1
-        key = json.dumps(row["prompt"], sort_keys=True)
-        answers.setdefault(key, set()).add(row["reward_model"]["ground_truth"])
-        by_prompt.setdefault(key, row)
-    conflicting = {k for k, a in answers.items() if len(a) > 1}
-    kept = [row for k, row in by_prompt.items() if k not in conflicting]
-    return kept, total - len(by_prompt), len(conflicting)
+        messages = tuple((m["role"], m["content"]) for m in row["prompt"])
+        key = (row["data_source"], messages, row["ability"])
+        first.setdefault(key, row)
+        truths.setdefault(key, set()).add(row["reward_model"]["ground_truth"])
+    kept = [row for key, row in first.items() if len(truths[key]) == 1]
+    return kept, len(first) - len(kept)
 
 
-def prepare(kind_name: str, source: str, out_dir: Path, limit: int | None = None) -> Prepared:
-    """Load ``source``, check and convert every row, dedupe, write ``out_dir/<kind file>`` (parquet)."""
+def _checked_rows(raw: list[dict[str, Any]], kind: DatasetKind, source: str) -> list[dict[str, Any]]:
+    """Every row normalised, or DataError naming the bad rows (all of them counted, the first few with reasons)."""
+    rows, bad = [], []
+    for index, row in enumerate(raw):
+        try:
+            rows.append(normalise_row(row, index, kind))
+        except ValueError as e:
+            bad.append(f"row {index}: {e}")
+    if bad:
+        more = f"; and {len(bad) - _MAX_REASONS} more" if len(bad) > _MAX_REASONS else ""
+        raise DataError(f"{source}: {len(bad)} bad row(s), nothing written: {'; '.join(bad[:_MAX_REASONS])}{more}")
+    return rows
+
+
+def _output_path(out_dir: Path, kind: DatasetKind) -> Path:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"--output {out_dir}: not a directory")
+    return out_dir / kind.filename
+
+
+def _write_atomically(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write the parquet beside its final name, then rename: a reader never sees a partial file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise DataError(f"--output {path.parent}: cannot write ({e.strerror or e})") from None
+    os.close(fd)
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def prepare(kind_name: str, source: str, out_dir: Path, limit: int | None = None) -> Prepared:
+    """Load ``source``, check and normalise every row, dedupe, write ``out_dir/<kind file>`` (parquet) atomically.
+    Nothing is written when any row is bad."""
     if kind_name not in KINDS:
         raise DataError(f"unknown dataset {kind_name!r}; known: {', '.join(KINDS)}")
     if limit is not None and limit <= 0:
         raise DataError(f"--limit must be positive, got {limit}")
     kind = KINDS[kind_name]
+    path = _output_path(out_dir, kind)
     raw = load_rows(source)
     if not raw:
         raise DataError(f"{source}: no rows")
-    rows, duplicates, conflicting = dedupe(normalise_row(r, i, kind) for i, r in enumerate(raw))
+    rows, conflicts = dedupe(_checked_rows(raw, kind, source))
+    unique = len(rows) + conflicts
     if not rows:
-        raise DataError(f"{source}: no usable rows left after removing duplicates and conflicting answers")
+        raise DataError(f"{source}: every prompt has conflicting answers; nothing written")
     if limit is not None:
         rows = rows[:limit]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / kind.filename
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return Prepared(path, len(raw), len(rows), duplicates, conflicting)
+    _write_atomically(rows, path)
+    return Prepared(path, len(raw), unique, conflicts, len(rows))

@@ -1,6 +1,7 @@
-"""``glm_math``: skyrl_gym's single-turn math env with the GLM answer extraction in front of the DAPO reward.
+"""``glm_math``: a single-turn skyrl_gym math env scored by :func:`skyrl_glm.dapo.reward.score` (GLM extraction,
+exact numbers, math-verify under a time cap).
 
-Same data contract as skyrl_gym's ``aime`` env (``extras["reward_model"]["ground_truth"]``), same +1/-1 reward,
+Same data contract as skyrl_gym's ``aime`` env (``extras["reward_model"]["ground_truth"]``), same +1/-1 scale,
 so a dataset prepared for one works with the other. Importing :mod:`skyrl_glm.dapo` registers nothing;
 :func:`register` does, and skyrl-glm's train entrypoint calls it in the process that builds the generator.
 """
@@ -12,7 +13,7 @@ from typing import Any
 import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from skyrl_glm.dapo.answer import score
+from skyrl_glm.dapo.reward import score
 
 ENV_ID = "glm_math"
 

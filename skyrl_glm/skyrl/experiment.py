@@ -9,6 +9,7 @@ from skyrl.train.dataset import PromptDataset
 from skyrl.train.entrypoints.main_base import BasePPOExp
 
 from skyrl_glm.dapo.env import register as register_glm_math
+from skyrl_glm.dapo.mismatch import MismatchMetrics
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
@@ -82,4 +83,5 @@ class GlmPPOExp(BasePPOExp):
             generator=generator,
             colocate_pg=colocate_pg,
             worker_classes=registry().skyrl_worker_classes(cfg.trainer.strategy),
+            callbacks=[MismatchMetrics()],
         )

@@ -1,0 +1,80 @@
+"""``skyrl-glm data prepare`` and ``skyrl-glm report``: the DAPO-math data and eval commands.
+
+Parser building imports nothing heavy; ``datasets``, pyarrow and matplotlib are imported inside the commands.
+Bad input raises :class:`~skyrl_glm.usage.UsageError` (``DataError``, ``ReportError``): one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from skyrl_glm.usage import UsageError, writable_file
+
+console = Console(width=140, soft_wrap=True)
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    from skyrl_glm.dapo.data import DataError, prepare
+
+    if not args.verbose:  # `datasets` logs a load failure itself; the one error line says it
+        from datasets.utils import logging as datasets_logging
+
+        datasets_logging.set_verbosity(logging.CRITICAL)
+    try:
+        out = prepare(args.dataset, args.input, Path(args.output), limit=args.limit)
+    except DataError:
+        raise
+    except FileNotFoundError as e:
+        raise DataError(str(e)) from None
+    except Exception as e:  # a datasets id that cannot be fetched, a corrupt parquet: one line, not a traceback
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{args.input}: cannot load ({type(e).__name__}: {first})") from None
+    kept = out.unique_prompts - out.conflicts_dropped
+    limited = f", the first {out.rows_out} kept (--limit)" if out.rows_out < kept else ""
+    console.print(
+        f"{out.rows_in} rows in, {out.unique_prompts} unique prompts, {out.conflicts_dropped} dropped for "
+        f"conflicting answers{limited}: wrote {out.rows_out} prompts to {out.path}",
+        highlight=False,
+    )
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from skyrl_glm.dapo.report import collect, default_png, plot, print_table, to_json
+
+    run = Path(args.run)
+    # both outputs are checked before anything is read or printed: a report is never cut short after its table
+    json_path = writable_file("--json", args.json) if args.json else None
+    png = writable_file("--png", args.png or default_png(run))
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("the PNG needs matplotlib: pip install 'skyrl-glm[plot]'")
+    points = collect(run)
+    print_table(points, console)
+    if json_path is not None:
+        json_path.write_text(json.dumps(to_json(points), indent=2))
+        console.print(f"wrote {json_path}", highlight=False)
+    console.print(f"wrote {plot(points, png)}", highlight=False)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_cmd", required=True)
+    prep = data.add_parser("prepare", help="DAPO-Math-17k / AIME 2024 into SkyRL's prompt parquet (env glm_math)")
+    prep.add_argument("dataset", choices=("dapo-math", "aime2024"))
+    prep.add_argument("--input", required=True, help="a .parquet / .jsonl file, or a datasets id (name[:split])")
+    prep.add_argument("--output", required=True, help="output directory")
+    prep.add_argument("--limit", type=int, default=None, help="keep the first N prompts")
+    prep.set_defaults(func=_cmd_data_prepare)
+
+    report = sub.add_parser("report", help="eval mean@n, pass@n, response length, cap share over steps")
+    report.add_argument("run", help="trainer.export_path of the run (holds dumped_evals/), or one eval dump .jsonl")
+    report.add_argument("--png", help="where to write the plot (default: beside the run's dumps)")
+    report.add_argument("--json", help="also write the numbers as JSON")
+    report.set_defaults(func=_cmd_report)
