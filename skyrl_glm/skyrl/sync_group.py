@@ -61,8 +61,8 @@ async def open_group(client: Any, backend: str) -> dist.ProcessGroup:
     world_size = inference_workers + 1
     host = _node_address()
     port = _free_port(host)
-    payloads = nccl_init_payloads({"rank_offset": 1, "world_size": world_size}, client.server_urls,
-                                  client.data_parallel_size)
+    init = {"rank_offset": 1, "world_size": world_size}
+    payloads = nccl_init_payloads(init, client.server_urls, client.data_parallel_size)
     joining = asyncio.gather(
         *(
             client._call_server(
@@ -75,7 +75,7 @@ async def open_group(client: Any, backend: str) -> dist.ProcessGroup:
     )
     group = await asyncio.to_thread(join, host, port, 0, world_size, backend)
     for _, response in await joining:
-        ranks = (response.get("body") or {}).get("results") or []
-        if not ranks or any(not isinstance(r, int) for r in ranks):
+        ranks = (response.get("body") or {}).get("results") or []  # each worker's rank (the server sends text)
+        if not ranks or any(not str(r).isdigit() for r in ranks):
             raise RuntimeError(f"a vLLM worker did not join the skyrl-glm sync group: {ranks!r}")
     return group
