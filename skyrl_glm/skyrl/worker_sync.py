@@ -17,6 +17,7 @@ import torch
 
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.publish import SkyRLServers
+from skyrl_glm.sync.dedup import Dedup
 from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.transports.collective import CollectiveTransport
@@ -40,8 +41,8 @@ class WorkerSync:
 class GlmSyncMixin:
     """The strategy-independent half: settings, the rank-0 publish, the fault, and LoRA B access for the check.
 
-    A strategy subclass provides :meth:`_glm_adapter` (the full adapter on rank 0) and
-    :meth:`_glm_lora_b_params` (its trainable LoRA B parameters)."""
+    A strategy subclass provides :meth:`_glm_adapter` (the adapter on rank 0: every public name, or already
+    deduplicated as the export streamed) and :meth:`_glm_lora_b_params` (its trainable LoRA B parameters)."""
 
     _glm_sync: WorkerSync | None = None
     _glm_publisher: InMemoryPublisher | None = None
@@ -49,6 +50,7 @@ class GlmSyncMixin:
     _glm_version = 0
     _glm_last: dict[str, Any] | None = None
     _glm_backup: list[torch.Tensor] | None = None
+    _glm_export_info: dict[str, Any] = {}  # what the last export measured (replaced, never mutated)
 
     def skyrl_glm_configure(self, sync: dict[str, Any]) -> None:
         self._glm_sync = WorkerSync(**sync)
@@ -60,8 +62,9 @@ class GlmSyncMixin:
         """Whether SkyRL's weight-transfer engine (an NCCL rendezvous with vLLM) goes unused, so is not built."""
         return self._glm_memory_sync()
 
-    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        """``(public name -> tensor, PEFT config)`` on rank 0, None elsewhere (a collective: call on all ranks)."""
+    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor] | Dedup, dict[str, Any]] | None:
+        """``(public name -> tensor or its dedup, PEFT config)`` on rank 0, None elsewhere (a collective: call on
+        all ranks). What the export itself measured goes in ``_glm_export_info``."""
         raise NotImplementedError
 
     async def init_weight_sync_state(self, inference_engine_client: Any, inference_engine_cfg: Any) -> None:
@@ -118,6 +121,7 @@ class GlmSyncMixin:
                 "version": result.version,
                 "reason": result.reason,
                 "transport": self._glm_sync.transport,
+                **self._glm_export_info,
                 **result.timings,
             }
         torch.distributed.barrier()
@@ -125,7 +129,7 @@ class GlmSyncMixin:
             raise RuntimeError(f"skyrl-glm LoRA sync of version {self._glm_version} failed: {result.reason}")
 
     async def _glm_send(
-        self, client: Any, lora_name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]
+        self, client: Any, lora_name: str, tensors: dict[str, torch.Tensor] | Dedup, config: dict[str, Any]
     ) -> UpdateResult:
         assert self._glm_sync is not None
         if self._glm_sync.fault == "no-publish" and self._glm_version > 1:
