@@ -155,7 +155,8 @@ def packed_and_reduced_rank(experts: int) -> list[tuple[str, torch.Tensor]]:
     h, inter, r_e = 16, 8, RANK // 2
     q_a, q_b, gate_a, gate_b = rnd(RANK, h), rnd(h, RANK), rnd(r_e, h), rnd(inter, r_e)
     down_b = rnd(1, h, r_e)
-    stream = [("model.layers.0.self_attn.q_proj.lora_A.weight", q_a), ("model.layers.0.self_attn.q_proj.lora_B.weight", q_b)]
+    q = "model.layers.0.self_attn.q_proj"
+    stream = [(f"{q}.lora_A.weight", q_a), (f"{q}.lora_B.weight", q_b)]
     for e in range(experts):
         stream += [
             (f"model.layers.1.mlp.experts.{e}.gate_proj.lora_A.weight", gate_a),
@@ -174,8 +175,9 @@ def packed_layer(experts: int) -> list[tuple[str, torch.Tensor]]:
 
     h, inter = 16, 8
     stream = [("model.layers.1.mlp.experts.gate_up_proj.lora_A.weight", rnd(1, RANK, h))]
-    stream += [("model.layers.1.mlp.experts.gate_up_proj.lora_B.weight", rnd(2 * inter, RANK)) for _ in range(experts)]
-    stream += [("model.layers.1.mlp.experts.down_proj.lora_A.weight", rnd(RANK, inter)) for _ in range(experts)]
+    experts_of = "model.layers.1.mlp.experts"
+    stream += [(f"{experts_of}.gate_up_proj.lora_B.weight", rnd(2 * inter, RANK)) for _ in range(experts)]
+    stream += [(f"{experts_of}.down_proj.lora_A.weight", rnd(RANK, inter)) for _ in range(experts)]
     stream.append(("model.layers.1.mlp.experts.down_proj.lora_B.weight", rnd(1, h, RANK)))
     return stream
 
