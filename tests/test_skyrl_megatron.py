@@ -139,7 +139,7 @@ def test_glm53_export_stream_is_rebuilt_as_skyrls_file_path_writes_it(copies: bo
     assert_bit_exact(got, expected)
     assert len(got) == len(stream)
     # every distinct value sent once, however the exporter hands it out
-    distinct = {(t.dtype, tuple(t.shape), t.contiguous().view(torch.int16).numpy().tobytes()) for t in expected.values()}
+    distinct = {(t.dtype, t.shape, t.contiguous().view(torch.int16).numpy().tobytes()) for t in expected.values()}
     assert sent == len(distinct) < len(stream)
 
 
