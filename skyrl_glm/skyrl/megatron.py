@@ -31,7 +31,7 @@ from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
 from skyrl_glm.sync.dedup import Dedup, deduplicate
 
 # The exporter's duplicates held at once while the stream is deduplicated (a gather per name hands out copies).
-EXPORT_SLICE_BYTES = 64 << 20
+EXPORT_SLICE_BYTES = 256 << 20
 # Expert LoRA names without an expert index: a packed-experts checkpoint's fused experts (their per-expert side comes
 # as one slice per expert under the one name) or, on a per-expert checkpoint, a ``(1, ...)`` shared side.
 _UNINDEXED_EXPERTS = re.compile(r"\.mlp\.experts\.(?P<tail>[a-z_]+\.lora_[AB]\.weight)$")
