@@ -30,11 +30,14 @@ from skyrl.backends.skyrl_train.distributed.megatron.megatron_utils import _conv
 
 from skyrl_glm.bench.synthetic import model_config
 from skyrl_glm.lora.bridge import PEFT_PREFIX, synthetic_bridge_export
+from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl import megatron
 from skyrl_glm.skyrl.megatron import MegatronGlmSync
 from skyrl_glm.sync.plan import build_plan
+from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.receiver import AdapterReceiver, rebuild
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
+from skyrl_glm.sync.update import UpdateResult
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK, ALPHA = 4, 16.0
@@ -104,17 +107,25 @@ def planned(worker: ExportingWorker) -> Any:
     return build_plan(dedup, adapter_config=config, lora_name="policy", version=1, bucket_bytes=1 << 16)
 
 
+class Receiving:
+    """A sampler that is the receiver alone (what a vLLM worker runs before it loads)."""
+
+    def apply_update(self, manifest_json: str, handle: dict[str, Any], transport: str) -> UpdateResult:
+        self.sent = len(json.loads(manifest_json)["layout"]["tensors"])
+        self.got = AdapterReceiver("cpu").receive(manifest_json, handle, registry().transport(transport)())
+        return UpdateResult(True, self.got.version)
+
+
 def synced(worker: ExportingWorker) -> tuple[dict[str, torch.Tensor], int]:
-    """One sync through the worker's export, our plan, shared memory and the receiver: (rebuilt, sent tensors)."""
-    plan = planned(worker)
-    transport = SharedMemoryTransport()
-    handle = transport.prepare(plan)
-    try:
-        received = AdapterReceiver("cpu").receive(plan.manifest.to_json(), handle, transport)
-    finally:
-        transport.release()
-    assert received.adapter_config["lora_alpha"] == received.adapter_config["r"] == RANK
-    return received.tensors, len(plan.manifest.tensors)
+    """One sync through the worker's export and the publisher (plan, shared memory, the receiver):
+    (rebuilt tensors, sent tensors)."""
+    got = worker._glm_adapter()
+    assert got is not None and worker.calls == [{"cpu": False, "show_progress": False}]  # stays on the device
+    sampler = Receiving()
+    result = InMemoryPublisher(sampler, SharedMemoryTransport(), bucket_bytes=1 << 16).publish(*got, version=1)
+    assert result.ok, result.reason
+    assert sampler.got.adapter_config["lora_alpha"] == sampler.got.adapter_config["r"] == RANK
+    return sampler.got.tensors, sampler.sent
 
 
 def assert_bit_exact(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -212,7 +223,9 @@ import gc, itertools, json, sys, torch
 from skyrl_glm.bench.synthetic import model_config
 from skyrl_glm.lora.bridge import synthetic_bridge_export
 from skyrl_glm.skyrl.megatron import unique_adapter
+from skyrl_glm.plugins import registry
 from skyrl_glm.sync.plan import build_plan
+from skyrl_glm.sync.publisher import InMemoryPublisher
 
 copies, gather = sys.argv[1] == "copies", sys.argv[2] == "gather"
 family, cfg = model_config("glm-5.3", "full", 1)
