@@ -218,11 +218,13 @@ class Sender:
         t1 = time.perf_counter()
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "adapter_model.safetensors"
-        # safetensors refuses shared storage: private contiguous CPU copies, as a PEFT save makes.
-        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in folded.items()}, str(path))
+        # safetensors refuses shared storage: private contiguous CPU copies, as a PEFT save makes (the gathered
+        # export already is one per name).
+        private = folded if export_s is not None else {k: v.detach().to("cpu", copy=True) for k, v in folded.items()}
+        save_file({k: v.contiguous() for k, v in private.items()}, str(path))
         (directory / "adapter_config.json").write_text(json.dumps(self.config))
         t2 = time.perf_counter()
-        del folded
+        del folded, private, public
         timings = {"export_s": export_s, "fold_s": t1 - t0, "save_s": t2 - t1}
         return {"path": str(path), "file_bytes": path.stat().st_size, "timings": timings}
 
