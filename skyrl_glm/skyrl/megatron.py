@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import ray
 import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
 
@@ -165,6 +164,7 @@ class MegatronGlmSync(GlmSyncMixin):
 
 def megatron_workers() -> tuple[Any, Any, Any]:
     """``(PolicyWorker, CriticWorker, RefWorker)`` Ray actor classes for ``trainer.strategy=megatron``."""
+    import ray
     from skyrl.backends.skyrl_train.workers.megatron import megatron_worker
 
     policy = type(
