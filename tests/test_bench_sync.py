@@ -44,6 +44,7 @@ def test_report_has_all_paths_and_sizes(bench_report):
     assert skyrl["sent_tensors"] >= ours["sent_tensors"]  # SkyRL dedups routed experts only
     for p in ("ours", "skyrl", "disk"):
         assert set(bench_report["paths"][p]["stages_s"]) == set(report.STAGES)
+        assert bench_report["paths"][p]["stages_s"]["export"] is None  # resident: the adapter is already exported
         assert bench_report["paths"][p]["total_s"] > 0
     for st in ("fold", "dedup", "checksum", "transfer", "verify", "rebuild"):
         assert ours["stages_s"][st] is not None
@@ -51,6 +52,24 @@ def test_report_has_all_paths_and_sizes(bench_report):
     # one receiver across rounds: its first update (no warm-up here, so the first timed round) is reported apart
     assert ours["verify_first_s"] == ours["runs"][0]["receiver"]["verify_s"] > 0
     assert "verify_first_s" not in skyrl or skyrl["verify_first_s"] is None
+
+
+@pytest.mark.parametrize("copies", [[], ["--copies"]], ids=["shared-storage", "copies"])
+def test_bridge_stream_exporter_times_the_export_on_every_path(copies, tmp_path):
+    """``--exporter bridge-stream``: each sync exports afresh (the Megatron sync's rank 0 for ours, SkyRL's memory
+    path's dedupe over the same stream, its file path for disk), every public name rebuilt bit-exactly."""
+    out = tmp_path / "sync.json"
+    argv = ["bench", "sync", "--config", "tiny", "--rank", "8", "--warmup", "0", "--exporter", "bridge-stream"]
+    args = _parser().parse_args([*argv, *copies, "--json", str(out)])
+    assert args.func(args) == 0
+    got = json.loads(out.read_text())
+    assert got["adapter"]["exporter"].startswith("bridge-stream, ")
+    n = got["adapter"]["public_tensors"]
+    for p in ("ours", "skyrl", "disk"):
+        path = got["paths"][p]
+        assert path["stages_s"]["export"] is not None and path["stages_s"]["export"] >= 0, p
+        assert path["verified"]["bit_exact"] and path["verified"]["received_names"] == n, (p, path["verified"])
+    assert got["paths"]["ours"]["sent_tensors"] == got["adapter"]["unique_tensors"]
 
 
 def test_every_path_rebuilt_every_public_name_bit_exactly(bench_report):
@@ -114,10 +133,14 @@ def test_store_channel_carries_a_full_size_manifest():
             "--config full: model family 'glm-4.5' has no full config (use --config tiny)",
         ),
         (["--rank", "0"], "--rank must be >= 1, got 0"),
+        (
+            ["--exporter", "bridge-stream", "--no-share-experts"],
+            "--exporter bridge-stream: the bridge shares one adapter across experts here (drop --no-share-experts)",
+        ),
         (["--json", "{file}/report.json"], "--json {file}/report.json: {file} is not a directory"),
         (["--plot", "/"], "--plot /: is a directory, not a file"),
     ],
-    ids=["no-full-config", "rank-0", "unwritable-json", "plot-is-a-dir"],
+    ids=["no-full-config", "rank-0", "unshared-stream", "unwritable-json", "plot-is-a-dir"],
 )
 def test_bad_arguments_are_refused_before_the_run(extra, message, capsys, monkeypatch, tmp_path):
     import skyrl_glm.bench.run as run

@@ -125,7 +125,6 @@ def _as_dict(cfg: object) -> dict:
     ("overrides", "what"),
     [
         (["trainer.policy.model.lora.rank=0"], "skyrl_glm.sync.mode: memory syncs a LoRA adapter"),
-        (["skyrl_glm.sync.transport=nccl"], "skyrl_glm.sync.transport: nccl inside SkyRL"),
         (["skyrl_glm.sync.mode=disk", "skyrl_glm.sync.fault=no-publish"], "faults are injected into the memory"),
         (["trainer.strategy=megatron"], "skyrl_glm.cpu: SkyRL's Megatron worker needs Transformer Engine"),
     ],
@@ -143,6 +142,8 @@ def test_auto_transport_resolution() -> None:
     assert resolved_transport(one_node) == "cpu"
     nodes = load_config(None, [*base, "trainer.placement.colocate_all=false", "trainer.placement.policy_num_nodes=2"])
     assert resolved_transport(nodes) == "nccl"
+    # the collective transport is accepted inside SkyRL (the CPU recipe runs it over gloo: test_skyrl_train)
+    assert resolved_transport(load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=nccl"])) == "nccl"
 
 
 def test_cli_bad_input_is_one_line_and_exit_2() -> None:

@@ -1,5 +1,6 @@
 """SkyRL 0.4's real GRPO loop on CPU (Ray, FSDP2 policy worker, SkyRL's vLLM server + router, the `aime` env)
-with skyrl-glm's sync and check inside it: the tiny recipe, once per sync mode, and once with a broken sync.
+with skyrl-glm's sync and check inside it: the tiny recipe, once per sync mode (memory over the collective
+transport on gloo), and once with a broken sync (memory over shared memory).
 
 Each run is a subprocess through one of the two doors (`skyrl-glm train`, or SkyRL's `main_base` with
 `trainer.override_entrypoint=skyrl_glm.train`), about 100 s on 2 cores (Ray, the vLLM CPU server and the policy
@@ -72,13 +73,16 @@ def assert_trained_and_checked(summary: dict[str, Any], mode: str) -> None:
 
 
 def test_memory_sync_trains_two_grpo_steps_without_writing_an_adapter(tmp_path: Path, model_cache: Path) -> None:
-    proc, summary = train(tmp_path, model_cache)
+    # The collective transport (NCCL between separate GPUs) over gloo: a group of the trainer's sending rank and the
+    # vLLM worker, the buckets broadcast over it, the manifest over the servers' control plane. The shared-memory
+    # transport (what `auto` picks on one node) runs in the broken-sync test below.
+    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.transport=nccl")
     assert proc.returncode == 0, tail(proc)
     assert summary is not None
     assert_trained_and_checked(summary, "memory")
     # every sync went through skyrl-glm's publisher (versions count up, plan and receive timed) ...
     assert [s["version"] for s in summary["syncs"]] == sorted(s["version"] for s in summary["syncs"])
-    assert all(s["ok"] and s["receive_s"] > 0 for s in summary["syncs"])
+    assert all(s["ok"] and s["receive_s"] > 0 and s["transport"] == "nccl" for s in summary["syncs"])
     # ... and no adapter file was written: SkyRL's LoRA sync directory stays empty
     sync_dir = tmp_path / "lora_sync"
     assert not sync_dir.exists() or not any(sync_dir.iterdir()), list(sync_dir.iterdir())

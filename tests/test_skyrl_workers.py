@@ -17,7 +17,8 @@ from torch import nn
 
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.megatron import MegatronGlmSync, megatron_workers
-from skyrl_glm.skyrl.publish import ServerPublisher
+from skyrl_glm.skyrl.publish import SkyRLServers
+from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,8 +114,8 @@ def test_a_refused_update_is_not_loaded_and_staged_copies_are_discarded() -> Non
         "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(2, 8),
         "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(8, 2),
     }
-    publisher = ServerPublisher(client, SharedMemoryTransport(), bucket_bytes=1 << 20)
-    result = asyncio.run(publisher.publish(adapter, {"r": 2, "lora_alpha": 4}, "skyrl-lora", 1))
+    publisher = InMemoryPublisher(SkyRLServers(client, "skyrl-lora"), SharedMemoryTransport(), "skyrl-lora", 1 << 20)
+    result = asyncio.run(publisher.publish_async(adapter, {"r": 2, "lora_alpha": 4}, 1))
     assert not result.ok and "checksum mismatch" in result.reason
     assert client.loaded == []  # the previous adapter keeps serving
     assert [m for m, _ in client.calls] == ["skyrl_glm_receive", "skyrl_glm_discard"]
@@ -156,11 +157,13 @@ class SyncingWorker(FakeMegatronWorker):
 
 
 class RecordingPublisher:
+    lora_name = "skyrl-lora"
+
     def __init__(self, fail: bool) -> None:
         self.fail = fail
         self.versions: list[int] = []
 
-    async def publish(self, tensors: Any, config: Any, lora_name: str, version: int) -> Any:
+    async def publish_async(self, tensors: Any, config: Any, version: int) -> Any:
         if self.fail:
             raise ConnectionError("server gone")
         self.versions.append(version)
@@ -186,7 +189,12 @@ def test_publish_counts_versions_and_the_no_publish_fault_sends_nothing_after_th
     for _ in range(3):
         asyncio.run(worker._glm_publish(None, "skyrl-lora"))
     assert publisher.versions == [1]  # versions 2 and 3 "succeeded" without being sent
-    assert worker.skyrl_glm_last_sync() == {"ok": True, "version": 3, "reason": "fault no-publish: nothing sent"}
+    assert worker.skyrl_glm_last_sync() == {
+        "ok": True,
+        "version": 3,
+        "reason": "fault no-publish: nothing sent",
+        "transport": "cpu",
+    }
 
 
 @pytest.mark.usefixtures("one_rank")

@@ -12,6 +12,14 @@ registered model's full or tiny config, then moved three ways:
 * ``disk``: SkyRL's file path: fold over the public dict, ``safetensors`` save of every public name, load back onto
   the receiver's device.
 
+``--exporter bridge-stream`` starts each sync one step earlier, from the model's live adapter: every path pulls
+the bridge's export afresh (:meth:`~skyrl_glm.bench.sides.Sender.export`, the stream ``export_adapter_weights(...,
+cpu=False)`` yields, on the sender's device, ``--copies`` for a gather per name), and the ``export`` stage is the
+time spent inside the exporter. ``ours`` is then the Megatron sync's rank 0
+(:func:`~skyrl_glm.skyrl.megatron.unique_adapter`: dedup as the stream arrives), ``skyrl`` SkyRL 0.4.0's memory
+path (``dedupe_shared_expert_adapters`` over the same stream, then its rank-scale and alpha folds), ``disk`` its
+file path (the export gathered to the host, ``cpu=True``).
+
 The receiver side checks, outside the timed stages, that every public name came back bit-exactly equal to the
 sender's tensor after the alpha fold (it regenerates the synthetic values from the seed). The cpu transport runs
 sender and receiver in one process; nccl and ipc use two processes (``torch.multiprocessing.spawn``) with a
@@ -33,6 +41,7 @@ from skyrl_glm.plugins import registry
 from skyrl_glm.usage import UsageError, writable_file
 
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
+EXPORTERS = ("resident", "bridge-stream")
 
 
 def argument_error(args: argparse.Namespace) -> str | None:
@@ -44,6 +53,8 @@ def argument_error(args: argparse.Namespace) -> str | None:
         return f"--bucket-mb must be >= 0, got {args.bucket_mb}"
     if args.layers is not None and args.layers < 1:
         return f"--layers must be >= 1, got {args.layers}"
+    if args.exporter == "bridge-stream" and not args.share_experts:
+        return "--exporter bridge-stream: the bridge shares one adapter across experts here (drop --no-share-experts)"
     family = registry().model(args.model)
     if args.config == "full" and family.full_config is None:
         return f"--config full: model family {args.model!r} has no full config (use --config tiny)"
@@ -97,6 +108,13 @@ def add_parser(subparsers: Any) -> None:
         help="one adapter for all routed experts of a layer (Bridge share_expert_adapters)",
     )
     p.add_argument("--copies", action="store_true", help="exporter hands out a separate copy under every name")
+    p.add_argument(
+        "--exporter",
+        choices=EXPORTERS,
+        default="resident",
+        help="resident: the public adapter already on the device; bridge-stream: exported afresh per sync as "
+        "Megatron-Bridge's export_adapter_weights(cpu=False) streams it, export timed",
+    )
     p.add_argument("--transport", choices=sorted(registry().transports), default="cpu")
     p.add_argument("--device", default=None, help="sender device (default cuda:0 for nccl/ipc when present, else cpu)")
     p.add_argument("--recv-device", default=None, help="receiver device (nccl: cuda:1; ipc/cpu: the sender's)")

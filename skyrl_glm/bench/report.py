@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-STAGES = ("fold", "dedup", "checksum", "transfer", "verify", "rebuild", "load")
+STAGES = ("export", "fold", "dedup", "checksum", "transfer", "verify", "rebuild", "load")
 PATH_LABELS = {"skyrl": "SkyRL 0.4.0 (memory)", "ours": "skyrl-glm", "disk": "disk (safetensors)"}
 GB = 1e9
 

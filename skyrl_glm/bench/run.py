@@ -53,6 +53,7 @@ def _receiver_round(receiver: Receiver, chan: Any, path: str, version: int) -> N
 def _combine(path: str, info: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
     s, r = info["timings"], answer["timings"]
     stages = {
+        "export": s.get("export_s"),  # bridge-stream: the exporter's own time, on the device
         "fold": s.get("fold_s"),
         # ours: exact dedup + its alias runs + the manifest that carries them
         "dedup": s.get("dedup_s", 0.0) + s.get("alias_s", 0.0) + s.get("manifest_s", 0.0),
@@ -83,6 +84,7 @@ def _disk(sender: Sender, chan: Any, receiver: Receiver | None, directory: Path)
     s, r = saved["timings"], answer["timings"]
     return {
         "stages": {
+            "export": s["export_s"],
             "fold": s["fold_s"],
             "dedup": None,
             "checksum": None,
@@ -94,8 +96,8 @@ def _disk(sender: Sender, chan: Any, receiver: Receiver | None, directory: Path)
         "sender": s,
         "receiver": r,
         "verified": answer["verified"],
-        "sent_tensors": len(sender.public),
-        "sent_bytes": sum(t.numel() * t.element_size() for t in sender.public.values()),
+        "sent_tensors": sender.public_count,
+        "sent_bytes": sender.public_bytes,
         "file_bytes": saved["file_bytes"],
     }
 
@@ -248,7 +250,7 @@ def run_sync_bench(opts: BenchOptions) -> dict[str, Any]:
             "public_bytes": public_bytes,
             "unique_tensors": len(syn.unique),
             "unique_bytes": unique_bytes,
-            "exporter": "separate copies" if opts.copies else "shared storage",
+            "exporter": f"{opts.exporter}, {'separate copies' if opts.copies else 'shared storage'}",
         },
         "paths": paths,
         "skipped": {"load": _load_skip_reason()},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, _is_b, fold_value
 from skyrl_glm.bench.verify import verify_rebuilt
-from skyrl_glm.lora.bridge import adapter_config
+from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.plan import synchronize
 
 
@@ -33,6 +34,13 @@ def _peak_since(device: torch.device, base: int) -> int | None:
     return torch.cuda.max_memory_allocated(device) - base
 
 
+def _export_split(export: TimedStream | None, seconds: float) -> dict[str, float]:
+    """A streamed dedup's seconds split into the exporter's (``export_s``) and the rest (``dedup_s``)."""
+    if export is None:
+        return {"dedup_s": seconds}
+    return {"export_s": export.seconds, "dedup_s": seconds - export.seconds}
+
+
 def make_transport(name: str, group: Any = None) -> Any:
     from skyrl_glm.plugins import registry
 
@@ -40,24 +48,64 @@ def make_transport(name: str, group: Any = None) -> Any:
     return cls(group=group, src=0) if name == "nccl" else cls()
 
 
+class TimedStream:
+    """An exporter's stream, with the seconds spent inside it (CUDA work it queues finishes in the consumer's)."""
+
+    def __init__(self, pairs: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.pairs = pairs
+        self.seconds = 0.0
+
+    def __iter__(self) -> TimedStream:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        try:
+            return next(self.pairs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
 class Sender:
-    """The trainer side: holds the public adapter (shared storage or, with ``copies``, one copy per name)."""
+    """The trainer side. ``resident``: holds the public adapter (shared storage or, with ``copies``, one copy per
+    name); ``bridge-stream``: holds the model's live adapter (its unique values) and exports it afresh for every
+    sync, as Megatron-Bridge's ``export_adapter_weights(cpu=False)`` does (:meth:`export`)."""
 
     def __init__(self, opts: BenchOptions, syn: Synthetic, transport: Any) -> None:
         self.opts, self.syn, self.transport = opts, syn, transport
         self.device = torch.device(opts.device)
-        on_dev = {k: v.to(self.device) for k, v in syn.unique.items()}
-        self.public: dict[str, torch.Tensor] = {
-            n: (on_dev[k].clone() if opts.copies else on_dev[k]) for n, k in syn.names.items()
-        }
-        del on_dev
+        self.live = {k: v.to(self.device) for k, v in syn.unique.items()}
+        self.public: dict[str, torch.Tensor] | None = None
+        if opts.exporter == "resident":
+            self.public = {n: (self.live[k].clone() if opts.copies else self.live[k]) for n, k in syn.names.items()}
+            self.live = {}
         synchronize(self.device)
+        self.public_count = len(syn.names)
+        self.public_bytes = sum(syn.unique[k].numel() * syn.unique[k].element_size() for k in syn.names.values())
         self.config = adapter_config(opts.rank, opts.alpha, syn.targets)
         self.plan: Any = None
+
+    def export(self) -> TimedStream:
+        """The bridge's stream of this sync: names without the PEFT prefix, in export order, on the device."""
+        copies = self.opts.copies
+
+        def pairs() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, key in self.syn.names.items():
+                yield name[len(PEFT_PREFIX) :], self.live[key].clone() if copies else self.live[key]
+
+        return TimedStream(pairs())
+
+    def _public_stream(self) -> tuple[Iterator[tuple[str, torch.Tensor]], TimedStream | None]:
+        """``(public name, tensor)`` pairs as a path consumes them, and the export timer (bridge-stream only)."""
+        if self.public is not None:
+            return iter(self.public.items()), None
+        export = self.export()
+        return ((PEFT_PREFIX + n, t) for n, t in export), export
 
     def _plan_skyrl(self, version: int) -> tuple[Any, dict[str, float]]:
         from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
             fold_lora_alpha_for_vllm,
+            fold_lora_rank_scale_for_vllm,
             mark_alpha_folded,
         )
         from skyrl.backends.skyrl_train.weight_sync.lora_target import dedupe_shared_expert_adapters
@@ -68,9 +116,12 @@ class Sender:
         # What SkyRL's Megatron worker passes: one adapter per EP rank's experts (EP 1 here) when shared, else 1.
         span = max(1, self.syn.n_experts) if self.opts.share_experts else 1
         t0 = time.perf_counter()
-        to_send, aliases = dedupe_shared_expert_adapters(iter(self.public.items()), span)
+        pairs, export = self._public_stream()
+        to_send, aliases = dedupe_shared_expert_adapters(pairs, span)
         synchronize(self.device)
         t1 = time.perf_counter()
+        if export is not None:  # LoraAdapterWeightSource.finalize_adapter: the rank-scale fold comes first
+            to_send, _ = fold_lora_rank_scale_for_vllm(to_send, config_rank=self.opts.rank)
         folded = fold_lora_alpha_for_vllm(to_send, config_rank=self.opts.rank, alpha=self.opts.alpha)
         synchronize(self.device)
         t2 = time.perf_counter()
@@ -90,15 +141,23 @@ class Sender:
             bucket_bytes=self.opts.bucket_mb << 20,
             checksums="",  # SkyRL sends none
         )
-        public_bytes = sum(t.numel() * t.element_size() for t in self.public.values())
-        plan = SyncPlan(manifest, views(buffer, entries), len(self.public), public_bytes, {}, buffer)
-        return plan, {"dedup_s": t1 - t0, "fold_s": t2 - t1, "pack_s": t3 - t2}
+        plan = SyncPlan(manifest, views(buffer, entries), self.public_count, self.public_bytes, {}, buffer)
+        return plan, {**_export_split(export, t1 - t0), "fold_s": t2 - t1, "pack_s": t3 - t2}
 
     def _plan_ours(self, version: int) -> tuple[Any, dict[str, float]]:
+        from skyrl_glm.skyrl.megatron import unique_adapter
         from skyrl_glm.sync.plan import build_plan
 
+        adapter: Any = iter(self.public.items()) if self.public is not None else None
+        split: dict[str, float] = {}
+        if adapter is None:  # the Megatron sync's rank 0: dedup as the export streams, rank-scale fold
+            t0 = time.perf_counter()
+            export = self.export()
+            adapter = unique_adapter(export, config_rank=self.opts.rank, num_moe_experts=self.syn.n_experts)
+            synchronize(self.device)
+            split = _export_split(export, time.perf_counter() - t0)
         plan = build_plan(
-            iter(self.public.items()),
+            adapter,
             adapter_config=self.config,
             lora_name="bench",
             version=version,
@@ -107,7 +166,10 @@ class Sender:
             # the exporter's own declaration, as SkyRL's path gets it (experts_per_shared_adapter)
             shared_storage=self.opts.share_experts and not self.opts.copies,
         )
-        return plan, dict(plan.timings)
+        timings = dict(plan.timings)
+        if split:
+            timings.update(export_s=split["export_s"], dedup_s=split["dedup_s"] + timings["dedup_s"])
+        return plan, timings
 
     def plan_and_stage(self, path: str, version: int) -> tuple[str, str, dict[str, Any]]:
         base = _reset_peak(self.device)
@@ -145,17 +207,26 @@ class Sender:
         from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_alpha_for_vllm
 
         t0 = time.perf_counter()
-        folded = fold_lora_alpha_for_vllm(self.public, config_rank=self.opts.rank, alpha=self.opts.alpha)
+        public, export_s = self.public, None
+        if public is None:  # SkyRL's file path: the bridge's export gathered to the writer rank's host (cpu=True)
+            export = self.export()
+            public = {PEFT_PREFIX + n: t.to("cpu", copy=True) for n, t in export}
+            export_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+        folded = fold_lora_alpha_for_vllm(public, config_rank=self.opts.rank, alpha=self.opts.alpha)
         synchronize(self.device)
         t1 = time.perf_counter()
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "adapter_model.safetensors"
-        # safetensors refuses shared storage: private contiguous CPU copies, as a PEFT save makes.
-        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in folded.items()}, str(path))
+        # safetensors refuses shared storage: private contiguous CPU copies, as a PEFT save makes (the gathered
+        # export already is one per name).
+        private = folded if export_s is not None else {k: v.detach().to("cpu", copy=True) for k, v in folded.items()}
+        save_file({k: v.contiguous() for k, v in private.items()}, str(path))
         (directory / "adapter_config.json").write_text(json.dumps(self.config))
         t2 = time.perf_counter()
-        del folded
-        return {"path": str(path), "file_bytes": path.stat().st_size, "timings": {"fold_s": t1 - t0, "save_s": t2 - t1}}
+        del folded, private, public
+        timings = {"export_s": export_s, "fold_s": t1 - t0, "save_s": t2 - t1}
+        return {"path": str(path), "file_bytes": path.stat().st_size, "timings": timings}
 
 
 class Receiver:

@@ -13,6 +13,14 @@ What ``AutoBridge.export_adapter_weights(model)`` yields for a GLM model with Lo
   names ``model.layers.L.mlp.experts.{e}.{gate,up,down}_proj``. With one adapter for all experts of a layer
   (``share_expert_adapters``; per EP rank when EP > 1) every expert name carries the same tensors: 6 * E names per MoE
   layer, 5 distinct tensors (fc1 A, gate B, up B, fc2 A, fc2 B).
+* models whose HF checkpoint packs the experts (``mlp.experts.gate_up_proj`` / ``down_proj``, not GLM's) with
+  shared-outer grouped-expert LoRA get the shared side as one ``(1, ...)`` tensor under the expert-agnostic name
+  and the per-expert side as one 2D slice per expert under one expert-agnostic name, in expert order (SkyRL's file
+  sync stacks those back to ``(E, ...)``, ``megatron_worker.py``);
+* the order is the model's: layer by layer, module by module, ``lora_A`` before ``lora_B``, experts 0..E-1; the
+  dtype is the adapter's parameter dtype; ``cpu=False`` leaves the tensors on the GPU. Whether the names of one
+  tensor show one storage or equal copies is up to the exporter (a gather per name hands out copies), so
+  :func:`synthetic_bridge_export` reproduces both.
 """
 
 from __future__ import annotations
@@ -178,13 +186,16 @@ def synthetic_bridge_export(
     share_expert_adapters: bool = True,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    copies: bool = False,
+    device: torch.device | str = "cpu",
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """A ``(name, tensor)`` stream shaped and shared like Bridge's export (for tests; Bridge itself needs TE).
-    Names with one storage key get the *same* tensor object, as the exporter hands out one tensor for them."""
+    """A ``(name, tensor)`` stream shaped and shared like Bridge's export (for tests; Bridge itself needs TE), on
+    ``device``, lazily. Names with one storage key get the *same* tensor object, as the exporter hands out one
+    tensor for them; with ``copies`` each name gets a fresh copy made as it is yielded (a gather per name)."""
     specs = bridge_export_specs(config, rank=rank, targets=targets, share_expert_adapters=share_expert_adapters)
-    made = synthetic_values(specs, dtype=dtype, seed=seed)
+    made = {k: v.to(device) for k, v in synthetic_values(specs, dtype=dtype, seed=seed).items()}
     for s in specs:
-        yield s.name, made[s.storage]
+        yield s.name, made[s.storage].clone() if copies else made[s.storage]
 
 
 def synthetic_values(specs: Sequence[TensorSpec], *, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:

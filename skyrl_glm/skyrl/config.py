@@ -143,7 +143,8 @@ SkyRLGlmConfig = make_glm_config()
 
 def resolved_transport(cfg: Any) -> str:
     """``skyrl_glm.sync.transport`` with ``auto`` resolved: CUDA IPC when colocated on GPUs, shared memory when the
-    trainer is on one node (CPU mode included), NCCL across nodes."""
+    trainer is on one node (CPU mode included), else the collective transport (NCCL, over a group of the
+    trainer's sending rank and every vLLM worker)."""
     transport = cfg.skyrl_glm.sync.transport
     if transport != "auto":
         return transport
@@ -168,11 +169,6 @@ def check_consistency(cfg: Any) -> None:
                 "skyrl_glm.sync.mode: memory ships the adapter alone; set "
                 "trainer.policy.megatron_config.lora_config.merge_lora=false"
             )
-    if glm.sync.mode == "memory" and resolved_transport(cfg) == "nccl":
-        raise ConfigError(
-            "skyrl_glm.sync.transport: nccl inside SkyRL needs a process group with the vLLM workers, which is not "
-            "built yet; use ipc (colocated), cpu (trainer and vLLM on one host) or skyrl_glm.sync.mode=disk"
-        )
     if glm.sync.fault != "none" and glm.sync.mode != "memory":
         raise ConfigError(
             "skyrl_glm.sync.fault: faults are injected into the memory sync; set skyrl_glm.sync.mode=memory"

@@ -4,20 +4,113 @@ SkyRL's Megatron worker module imports Megatron-Bridge, whose LoRA layers need T
 patches Megatron-Bridge's source at import: so this module holds the Megatron half of the sync as a mixin and
 :func:`megatron_workers` (called by the plugin registry only for ``trainer.strategy=megatron``) imports SkyRL's
 worker and builds the class.
-The adapter is exported exactly as SkyRL's file sync exports it (``_save_lora_adapters_and_sync``: the bridge's
-collective export, the per-module rank-scale fold, the fused-MoE expert layout vLLM accepts); skyrl-glm's plan
-then folds ``alpha / r``, deduplicates and checksums, instead of a PEFT directory being written.
+
+The export is consumed as SkyRL 0.4.0's memory path consumes it (``weight_sync/sources.py``:
+``MegatronLoraAdapterSource``): ``export_adapter_weights(..., cpu=False)`` on every rank (a collective), a stream on
+the GPU that rank 0 deduplicates as it arrives, so only unique tensors are ever retained and nothing is gathered to
+any host. The dedup is skyrl-glm's exact one (:func:`~skyrl_glm.sync.dedup.deduplicate`: by view, then proven equal
+in bulk) instead of SkyRL's ``dedupe_shared_expert_adapters`` (a ``torch.equal`` per expert name, a hint of
+``experts_per_shared_adapter``); ``bench sync --exporter bridge-stream`` measures both over the same stream. The
+per-module rank-scale fold and the fused-MoE layout vLLM accepts are SkyRL's functions, run on the unique tensors
+only; the plan then folds ``alpha / r``, checksums and sends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-import ray
 import torch
+from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
 
+from skyrl_glm.lora.bridge import PEFT_PREFIX
 from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
+from skyrl_glm.sync.dedup import Dedup, deduplicate
+
+# The exporter's duplicates held at once while the stream is deduplicated (a gather per name hands out copies).
+EXPORT_SLICE_BYTES = 256 << 20
+# Expert LoRA names without an expert index: a packed-experts checkpoint's fused experts (their per-expert side comes
+# as one slice per expert under the one name) or, on a per-expert checkpoint, a ``(1, ...)`` shared side.
+_UNINDEXED_EXPERTS = re.compile(r"\.mlp\.experts\.(?P<tail>[a-z_]+\.lora_[AB]\.weight)$")
+_INDEXED_EXPERTS = re.compile(r"\.mlp\.experts\.\d+\.")
+
+
+class VllmNamedStream:
+    """The bridge's export as the ``(PEFT name, tensor)`` pairs vLLM loads, lazily: one pass, and nothing retained
+    but the expert tensors without an expert index, which SkyRL's file sync stacks per name in emission order.
+
+    Per-expert names pass through as they come. The unindexed ones follow at the end, rank-scale folded: on a
+    per-expert checkpoint a ``(1, ...)`` shared side is shown under every expert's name as one view (SkyRL's
+    converter clones it per expert); on a packed one ``_convert_moe_experts_lora_to_vllm`` rewrites the stacks.
+    ``prefolded``: the names whose rank scale is already folded."""
+
+    def __init__(self, export: Iterable[tuple[str, torch.Tensor]], *, config_rank: int, num_moe_experts: int | None):
+        self.export = export
+        self.config_rank = config_rank
+        self.num_moe_experts = num_moe_experts
+        self.prefolded: set[str] = set()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        held: dict[str, list[torch.Tensor]] = {}
+        indexed = False
+        for raw, tensor in self.export:
+            name = PEFT_PREFIX + raw
+            if _UNINDEXED_EXPERTS.search(name):
+                held.setdefault(name, []).append(tensor)
+                continue
+            indexed = indexed or _INDEXED_EXPERTS.search(name) is not None
+            yield name, tensor
+        if held:
+            yield from self._unindexed(held, indexed)
+
+    def _unindexed(self, held: dict[str, list[torch.Tensor]], indexed: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        from skyrl.backends.skyrl_train.distributed.megatron.megatron_utils import _convert_moe_experts_lora_to_vllm
+
+        stacked = {n: ts[0] if len(ts) == 1 else torch.stack(ts, dim=0) for n, ts in held.items()}
+        stacked, _ = fold_lora_rank_scale_for_vllm(stacked, config_rank=self.config_rank)
+        if not indexed:
+            converted = _convert_moe_experts_lora_to_vllm(stacked, num_moe_experts=self.num_moe_experts)
+            self.prefolded.update(converted)
+            yield from converted.items()
+            return
+        for name, tensor in stacked.items():
+            if not (tensor.ndim == 3 and tensor.shape[0] == 1):
+                raise ValueError(f"{name}: an expert tensor without an expert index is not a (1, ...) shared side")
+            if not self.num_moe_experts:
+                raise ValueError(f"{name}: a shared expert adapter, but the model's expert count is unknown")
+            head = name[: _UNINDEXED_EXPERTS.search(name).start()]  # type: ignore[union-attr]
+            tail = _UNINDEXED_EXPERTS.search(name)["tail"]  # type: ignore[index]
+            one = tensor[0]
+            for e in range(self.num_moe_experts):
+                public = f"{head}.mlp.experts.{e}.{tail}"
+                self.prefolded.add(public)
+                yield public, one
+
+
+def unique_adapter(
+    export: Iterable[tuple[str, torch.Tensor]],
+    *,
+    config_rank: int,
+    num_moe_experts: int | None,
+    slice_bytes: int = EXPORT_SLICE_BYTES,
+) -> Dedup:
+    """Rank 0's half of one Megatron sync: the export deduplicated as it streams, then SkyRL's rank-scale fold
+    on the unique tensors (a fold of a shared tensor once, however many expert names show it)."""
+    stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts)
+    dedup = deduplicate(stream, slice_bytes=slice_bytes)
+    todo = {n: t for n, t in dedup.unique.items() if n not in stream.prefolded}
+    folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
+    dedup.unique.update(folded)
+    return dedup
+
+
+def _peak_bytes(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
 
 
 class MegatronGlmSync(GlmSyncMixin):
@@ -26,33 +119,43 @@ class MegatronGlmSync(GlmSyncMixin):
     def _glm_memory_sync(self) -> bool:
         return super()._glm_memory_sync() and not self.cfg.policy.megatron_config.lora_config.merge_lora
 
-    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    def _glm_adapter(self) -> tuple[Dedup, dict[str, Any]] | None:
+        rank = torch.distributed.get_rank()
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        base = _peak_bytes(device)
+        t0 = time.perf_counter()
+        export = self.bridge.export_adapter_weights(self.actor_module, cpu=False, show_progress=False)
+        dedup = None
+        if rank == 0:
+            dedup = unique_adapter(
+                export,
+                config_rank=self.lora_cls.dim,
+                num_moe_experts=getattr(self.provider, "num_moe_experts", None),
+            )
+        else:
+            for _ in export:  # the collective: every rank takes part, only rank 0 keeps anything
+                pass
+        seconds = time.perf_counter() - t0
+        peak = _peak_bytes(device)
+        peaks: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(peaks, None if peak is None or base is None else peak - base)
+        if dedup is None:
+            return None
+        self._glm_export_info = {"export_dedup_s": seconds, "export_peak_bytes_per_rank": peaks}
+        return dedup, self._glm_adapter_config(dedup.unique)
+
+    def _glm_adapter_config(self, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
         from megatron.bridge.models.conversion.peft_bridge import (
             build_adapter_config_dict,
             infer_target_modules_from_adapter_weights,
         )
-        from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
-        from skyrl.backends.skyrl_train.workers.megatron.megatron_worker import _convert_moe_experts_lora_to_vllm
 
-        keep = torch.distributed.get_rank() == 0
-        per_name: dict[str, list[torch.Tensor]] = {}
-        # A collective on every rank; only rank 0 keeps the gathered tensors. Shared-outer grouped experts come
-        # as one slice per expert under one name, in expert order: stacked back to (E, out, in).
-        for name, tensor in self.bridge.export_adapter_weights(self.actor_module, cpu=keep, show_progress=False):
-            if keep:
-                per_name.setdefault(f"base_model.model.{name}", []).append(tensor.clone())
-        if not keep:
-            return None
-        state = {n: ts[0] if len(ts) == 1 else torch.stack(ts, dim=0) for n, ts in per_name.items()}
-        state, _ = fold_lora_rank_scale_for_vllm(state, config_rank=self.lora_cls.dim)
-        state = _convert_moe_experts_lora_to_vllm(
-            state, num_moe_experts=getattr(self.provider, "num_moe_experts", None)
-        )
-        targets = sorted(set(infer_target_modules_from_adapter_weights(state.keys())) - {"base_layer"})
-        config = build_adapter_config_dict(
+        targets = sorted(set(infer_target_modules_from_adapter_weights(tensors.keys())) - {"base_layer"})
+        return build_adapter_config_dict(
             self.lora_cls, target_modules=targets, base_model_name_or_path=str(self.cfg.policy.model.path)
         )
-        return state, config
 
     def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
         # Megatron-Bridge LoRA: ``adapter.linear_in`` is A, ``adapter.linear_out`` is B.
@@ -61,6 +164,7 @@ class MegatronGlmSync(GlmSyncMixin):
 
 def megatron_workers() -> tuple[Any, Any, Any]:
     """``(PolicyWorker, CriticWorker, RefWorker)`` Ray actor classes for ``trainer.strategy=megatron``."""
+    import ray
     from skyrl.backends.skyrl_train.workers.megatron import megatron_worker
 
     policy = type(

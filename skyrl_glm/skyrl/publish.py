@@ -1,27 +1,22 @@
-"""Publish one LoRA version to SkyRL's vLLM servers through skyrl-glm's sync: plan -> transport -> receiver.
+"""SkyRL's vLLM servers as the receiving side of :class:`~skyrl_glm.sync.publisher.InMemoryPublisher`.
 
-The trainer rank that owns the full adapter builds the deduplicated, checksummed plan and stages its bytes on a
-registered transport; every server's workers receive and verify it (``skyrl_glm_receive`` on
-:class:`~skyrl_glm.skyrl.vllm_extension.SkyRLGlmWorkerExtension`, over the servers' ``/collective_rpc``) and stage
-the rebuilt tensors in memory under ``<lora name>@v<version>``; then SkyRL's ``/skyrl/v1/load_lora_adapter``
-swaps the served adapter (same name, ``skyrl-lora``) to that staged version, and older staged versions are
-dropped. No file is written. A rejected update leaves the previous version serving.
+Inside SkyRL the publisher is the library's (plan straight into the transport's staging memory -> stage ->
+receive -> load -> commit); only the receiving side differs: every server's workers receive and verify the update
+(``skyrl_glm_receive`` on :class:`~skyrl_glm.skyrl.vllm_extension.SkyRLGlmWorkerExtension`, over the servers'
+``/collective_rpc``) and stage the rebuilt tensors in memory under ``<lora name>@v<version>``; then SkyRL's
+``/skyrl/v1/load_lora_adapter`` swaps the served adapter (same name, ``skyrl-lora``) to that staged version, and
+older staged versions are dropped. No file is written. A rejected update leaves the previous version serving.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_path
 
-from skyrl_glm.sync.plan import build_plan
-from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.update import UpdateResult
-from skyrl_glm.sync.vllm.worker import staged_name
 
 
 def _results(responses: Mapping[str, Any]) -> list[Any]:
@@ -29,13 +24,12 @@ def _results(responses: Mapping[str, Any]) -> list[Any]:
     return [r for resp in responses.values() for r in ((resp.get("body") or {}).get("results") or [])]
 
 
-class ServerPublisher:
-    """skyrl-glm's in-memory LoRA handoff to the servers behind a SkyRL ``RemoteInferenceClient``."""
+class SkyRLServers:
+    """The servers behind a SkyRL ``RemoteInferenceClient``, updated as one async sampler (``apply_update``)."""
 
-    def __init__(self, client: Any, transport: Transport, bucket_bytes: int, verify: bool = True) -> None:
+    def __init__(self, client: Any, lora_name: str, verify: bool = True) -> None:
         self.client = client
-        self.transport = transport
-        self.bucket_bytes = bucket_bytes
+        self.lora_name = lora_name
         self.verify = verify
 
     async def _rpc(self, method: str, *args: Any) -> list[Any]:
@@ -43,48 +37,21 @@ class ServerPublisher:
         # LoRA receive target uses (set_lora_receive_target).
         return _results(await self.client._call_all_servers("/collective_rpc", {"method": method, "args": list(args)}))
 
-    async def publish(
-        self, adapter: Mapping[str, torch.Tensor], adapter_config: Mapping[str, Any], lora_name: str, version: int
-    ) -> UpdateResult:
+    async def apply_update(self, manifest_json: str, handle: dict[str, Any], transport: str) -> UpdateResult:
+        """Every worker receives and stages; all accepted -> load and commit, else discard what was staged."""
         t0 = time.perf_counter()
-        plan = await asyncio.to_thread(
-            build_plan,
-            adapter,
-            adapter_config=adapter_config,
-            lora_name=lora_name,
-            version=version,
-            bucket_bytes=self.bucket_bytes,
-        )
+        answers = await self._rpc("skyrl_glm_receive", manifest_json, handle, transport, self.verify)
         t1 = time.perf_counter()
-        handle = await asyncio.to_thread(self.transport.prepare, plan)
-        t2 = time.perf_counter()
-        try:
-            receiving = asyncio.ensure_future(
-                self._rpc("skyrl_glm_receive", plan.manifest.to_json(), handle, self.transport.name, self.verify)
-            )
-            await asyncio.to_thread(self.transport.stream, plan)
-            answers = await receiving
-        finally:
-            self.transport.release()
-        t3 = time.perf_counter()
-        refused = [a for a in answers if not (isinstance(a, dict) and a.get("ok"))]
-        if refused or not answers:
-            for a in answers:
-                if isinstance(a, dict) and a.get("ok"):
-                    await self._rpc("skyrl_glm_discard", a["staged"])
-            reason = refused[0].get("reason", refused[0]) if refused else "no inference worker answered"
+        accepted = [a for a in answers if isinstance(a, dict) and a.get("ok")]
+        if not answers or len(accepted) < len(answers):
+            for a in accepted:
+                await self._rpc("skyrl_glm_discard", a["staged"])
+            refused = next((a for a in answers if a not in accepted), "no inference worker answered")
+            reason = refused.get("reason", refused) if isinstance(refused, dict) else refused
             return UpdateResult(False, None, f"update rejected: {reason}")
-        staged = staged_name(lora_name, version)
-        await self.client.load_lora_adapter(lora_name, in_memory_lora_path(staged))
-        t4 = time.perf_counter()
+        version, staged = int(accepted[0]["version"]), str(accepted[0]["staged"])
+        await self.client.load_lora_adapter(self.lora_name, in_memory_lora_path(staged))
+        t2 = time.perf_counter()
         await self._rpc("skyrl_glm_commit", version, [staged])
-        timings = {
-            **plan.timings,
-            **{k: float(v) for k, v in answers[0].get("timings", {}).items()},
-            "plan_s": t1 - t0,
-            "stage_s": t2 - t1,
-            "receive_s": t3 - t2,
-            "load_s": t4 - t3,
-            "total_s": time.perf_counter() - t0,
-        }
-        return UpdateResult(True, version, timings=timings)
+        timings = {k: float(v) for k, v in accepted[0].get("timings", {}).items()}
+        return UpdateResult(True, version, timings={**timings, "receive_s": t1 - t0, "load_s": t2 - t1})

@@ -16,7 +16,11 @@ from typing import Any
 import torch
 
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.publish import ServerPublisher
+from skyrl_glm.skyrl.publish import SkyRLServers
+from skyrl_glm.sync.dedup import Dedup
+from skyrl_glm.sync.publisher import InMemoryPublisher
+from skyrl_glm.sync.transports.base import Transport
+from skyrl_glm.sync.transports.collective import CollectiveTransport
 from skyrl_glm.sync.update import UpdateResult
 
 
@@ -37,14 +41,16 @@ class WorkerSync:
 class GlmSyncMixin:
     """The strategy-independent half: settings, the rank-0 publish, the fault, and LoRA B access for the check.
 
-    A strategy subclass provides :meth:`_glm_adapter` (the full adapter on rank 0) and
-    :meth:`_glm_lora_b_params` (its trainable LoRA B parameters)."""
+    A strategy subclass provides :meth:`_glm_adapter` (the adapter on rank 0: every public name, or already
+    deduplicated as the export streamed) and :meth:`_glm_lora_b_params` (its trainable LoRA B parameters)."""
 
     _glm_sync: WorkerSync | None = None
-    _glm_publisher: ServerPublisher | None = None
+    _glm_publisher: InMemoryPublisher | None = None
+    _glm_group: Any = None  # rank 0, collective transport: the group with every vLLM worker
     _glm_version = 0
     _glm_last: dict[str, Any] | None = None
     _glm_backup: list[torch.Tensor] | None = None
+    _glm_export_info: dict[str, Any] = {}  # what the last export measured (replaced, never mutated)
 
     def skyrl_glm_configure(self, sync: dict[str, Any]) -> None:
         self._glm_sync = WorkerSync(**sync)
@@ -56,8 +62,9 @@ class GlmSyncMixin:
         """Whether SkyRL's weight-transfer engine (an NCCL rendezvous with vLLM) goes unused, so is not built."""
         return self._glm_memory_sync()
 
-    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        """``(public name -> tensor, PEFT config)`` on rank 0, None elsewhere (a collective: call on all ranks)."""
+    def _glm_adapter(self) -> tuple[dict[str, torch.Tensor] | Dedup, dict[str, Any]] | None:
+        """``(public name -> tensor or its dedup, PEFT config)`` on rank 0, None elsewhere (a collective: call on
+        all ranks). What the export itself measured goes in ``_glm_export_info``."""
         raise NotImplementedError
 
     async def init_weight_sync_state(self, inference_engine_client: Any, inference_engine_cfg: Any) -> None:
@@ -65,7 +72,22 @@ class GlmSyncMixin:
             return await super().init_weight_sync_state(inference_engine_client, inference_engine_cfg)  # type: ignore[misc]
         self._weight_sync_inference_client = inference_engine_client
         self._weight_sync_engine = None
+        if self._glm_memory_sync() and self._glm_sync.transport == CollectiveTransport.name:  # type: ignore[union-attr]
+            if torch.distributed.get_rank() == 0:
+                from skyrl_glm.skyrl.sync_group import open_group
+
+                backend = "nccl" if torch.cuda.is_available() else "gloo"
+                self._glm_group = await open_group(inference_engine_client, backend)
         torch.distributed.barrier()
+
+    def _glm_transport(self) -> Transport:
+        """The sending end of the configured transport (the collective one over the group with the vLLM workers)."""
+        assert self._glm_sync is not None
+        if self._glm_sync.transport == CollectiveTransport.name:
+            if self._glm_group is None:
+                raise RuntimeError("the collective transport's group with the vLLM workers was not opened")
+            return CollectiveTransport(group=self._glm_group, src=0)
+        return registry().transport(self._glm_sync.transport)()
 
     async def broadcast_to_inference_engines(
         self, inference_engine_client: Any, inference_engine_cfg: Any, model_id: str | None = None
@@ -94,25 +116,32 @@ class GlmSyncMixin:
         if torch.distributed.get_rank() == 0 and adapter is not None:
             self._glm_version += 1
             result = await self._glm_send(client, lora_name, *adapter)
-            self._glm_last = {"ok": result.ok, "version": result.version, "reason": result.reason, **result.timings}
+            self._glm_last = {
+                "ok": result.ok,
+                "version": result.version,
+                "reason": result.reason,
+                "transport": self._glm_sync.transport,
+                **self._glm_export_info,
+                **result.timings,
+            }
         torch.distributed.barrier()
         if result is not None and not result.ok:
             raise RuntimeError(f"skyrl-glm LoRA sync of version {self._glm_version} failed: {result.reason}")
 
     async def _glm_send(
-        self, client: Any, lora_name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]
+        self, client: Any, lora_name: str, tensors: dict[str, torch.Tensor] | Dedup, config: dict[str, Any]
     ) -> UpdateResult:
         assert self._glm_sync is not None
         if self._glm_sync.fault == "no-publish" and self._glm_version > 1:
             # Deliberately broken sync (skyrl_glm.sync.fault): report success, send nothing.
             return UpdateResult(True, self._glm_version, reason="fault no-publish: nothing sent")
         try:
-            if self._glm_publisher is None:
-                transport = registry().transport(self._glm_sync.transport)()
-                self._glm_publisher = ServerPublisher(
-                    client, transport, self._glm_sync.bucket_bytes, self._glm_sync.verify
+            if self._glm_publisher is None or self._glm_publisher.lora_name != lora_name:
+                servers = SkyRLServers(client, lora_name, self._glm_sync.verify)
+                self._glm_publisher = InMemoryPublisher(
+                    servers, self._glm_transport(), lora_name, self._glm_sync.bucket_bytes
                 )
-            return await self._glm_publisher.publish(tensors, config, lora_name, self._glm_version)
+            return await self._glm_publisher.publish_async(tensors, config, self._glm_version)
         except Exception as e:  # noqa: BLE001 - reported after the barrier, with its reason
             return UpdateResult(False, None, f"{type(e).__name__}: {e}")
 

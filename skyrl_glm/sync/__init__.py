@@ -8,7 +8,7 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
     trainer side
     plan.py          build_plan: fold, dedup, packed stream layout, manifest (SyncPlan)
     dedup.py         exact dedup: one sent tensor per value, every public name that shows it
-    publisher.py     InMemoryPublisher (the product path) and DiskPublisher (the baseline it is measured against)
+    publisher.py     InMemoryPublisher (the one publisher: library, check, SkyRL) and DiskPublisher (the baseline)
     both sides
     manifest.py      Manifest / TensorEntry: the JSON that says exactly what an update holds
     aliases.py       AliasRun rules (expert-index ranges) for the alias map; NameIndex checks them without expanding

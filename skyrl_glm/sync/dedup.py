@@ -30,7 +30,7 @@ import itertools
 import math
 import operator
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,9 +142,27 @@ def _pick(items: Sequence, index: np.ndarray) -> tuple:
     return got if len(index) > 1 else (got,)
 
 
+def _take(stream: Iterator[tuple[str, torch.Tensor]], max_bytes: int | None) -> Iterable[tuple[str, torch.Tensor]]:
+    """The next slice of the stream: :data:`SLICE` pairs, fewer once its distinct tensors hold ``max_bytes``."""
+    if max_bytes is None:
+        return itertools.islice(stream, SLICE)
+    pairs: list[tuple[str, torch.Tensor]] = []
+    seen: set[int] = set()
+    held = 0
+    for pair in itertools.islice(stream, SLICE):
+        pairs.append(pair)
+        if id(pair[1]) not in seen:
+            seen.add(id(pair[1]))
+            held += pair[1].numel() * pair[1].element_size()
+            if held >= max_bytes:
+                break
+    return pairs
+
+
 class _Deduper:
-    def __init__(self, declared: bool) -> None:
+    def __init__(self, declared: bool, slice_bytes: int | None = None) -> None:
         self.declared = declared
+        self.slice_bytes = slice_bytes
         self.sent: list[torch.Tensor] = []
         self.kinds = np.zeros((0, 3), dtype=np.int64)  # per sent tensor, its kind (see ``_Slice.kind``); capacity grows
         self.shape_ids: dict[torch.Size, int] = {}
@@ -247,7 +265,7 @@ class _Deduper:
     def run(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Dedup:
         stream = iter(pairs)
         by_address = True
-        while (sl := _Slice.read(itertools.islice(stream, SLICE), self.shape_ids, by_address)).names:
+        while (sl := _Slice.read(_take(stream, self.slice_bytes), self.shape_ids, by_address)).names:
             self.slice(sl)
             by_address = len(sl.objs) > len(sl.names) // 4
             del sl  # the slice's duplicates can go
@@ -276,9 +294,14 @@ def _first_repeat(names: list[str]) -> str:
 
 
 def deduplicate(
-    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], *, shared_storage: bool = False
+    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+    *,
+    shared_storage: bool = False,
+    slice_bytes: int | None = None,
 ) -> Dedup:
     """``shared_storage``: the exporter declares that it hands out one storage for all names of one tensor
     (Megatron-Bridge ``share_expert_adapters``), so distinct storages are distinct tensors and no value is
-    compared. Without it, equality is proven. Exact either way: a wrong declaration only sends a duplicate."""
-    return _Deduper(shared_storage).run(adapter.items() if isinstance(adapter, Mapping) else adapter)
+    compared. Without it, equality is proven. Exact either way: a wrong declaration only sends a duplicate.
+    ``slice_bytes``: a slice also ends once its distinct tensors hold this many bytes, bounding the exporter's
+    duplicates held at once (an exporter of copies materialises every name: ~1 GB per 4,096 names on GLM-5.3)."""
+    return _Deduper(shared_storage, slice_bytes).run(adapter.items() if isinstance(adapter, Mapping) else adapter)

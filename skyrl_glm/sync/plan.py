@@ -30,7 +30,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 
 from skyrl_glm.sync.aliases import AliasRun, runs_of
 from skyrl_glm.sync.checksum import span_checks
-from skyrl_glm.sync.dedup import deduplicate
+from skyrl_glm.sync.dedup import Dedup, deduplicate
 from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
 from skyrl_glm.sync.nogc import paused_gc
 
@@ -135,7 +135,7 @@ def _fold_regions(buffer: torch.Tensor, entries: Sequence[TensorEntry], r: int, 
 
 
 def build_plan(
-    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | Dedup,
     *,
     adapter_config: Mapping[str, Any],
     lora_name: str,
@@ -146,13 +146,14 @@ def build_plan(
 ) -> SyncPlan:
     """Deduplicate, pack, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, write the manifest.
     ``staging(nbytes, device)`` gives the zeroed stream buffer (a transport's shared memory, say);
-    ``shared_storage``: see :func:`deduplicate`."""
+    ``shared_storage``: see :func:`deduplicate`. A :class:`~skyrl_glm.sync.dedup.Dedup` is an adapter already
+    deduplicated as its stream arrived (the Megatron sync), planned as it is."""
     with paused_gc():
         return _build_plan(adapter, adapter_config, lora_name, version, bucket_bytes, staging, shared_storage)
 
 
 def _build_plan(
-    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | Dedup,
     adapter_config: Mapping[str, Any],
     lora_name: str,
     version: int,
@@ -161,7 +162,7 @@ def _build_plan(
     shared_storage: bool,
 ) -> SyncPlan:
     t0 = time.perf_counter()
-    dedup = deduplicate(adapter, shared_storage=shared_storage)
+    dedup = adapter if isinstance(adapter, Dedup) else deduplicate(adapter, shared_storage=shared_storage)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
     synchronize(device)
     t1 = time.perf_counter()

@@ -1,10 +1,14 @@
 """Publishers: how the trainer hands one adapter version to the sampler.
 
-``InMemoryPublisher`` is the product path (plan -> transport -> receiver -> in-memory load); ``publish`` drives
-an offline sampler (:class:`~skyrl_glm.sync.vllm.engine.VllmEngineSampler`), ``publish_async`` an async one
-(:class:`~skyrl_glm.sync.vllm.async_engine.AsyncVllmEngineSampler`) through the same plan and transport steps.
+``InMemoryPublisher`` is the product path and the one publisher of the package: plan (deduplicate, fold, checksum,
+packed straight into the transport's staging memory) -> stage -> the sampler receives while the transport
+streams -> it loads -> it commits. ``publish`` drives an offline sampler
+(:class:`~skyrl_glm.sync.vllm.engine.VllmEngineSampler`), ``publish_async`` an async one: vLLM's ``AsyncLLM``
+(:class:`~skyrl_glm.sync.vllm.async_engine.AsyncVllmEngineSampler`) or SkyRL's servers
+(:class:`~skyrl_glm.skyrl.publish.SkyRLServers`, inside SkyRL's training loop), through the same steps.
 ``DiskPublisher`` is the baseline it is measured against: a PEFT directory written and loaded by vLLM
-the standard way. Both take the trainer's adapter as ``{public name: tensor}`` plus its PEFT config.
+the standard way. Both take the trainer's adapter as ``{public name: tensor}`` (or a stream of pairs) plus its
+PEFT config.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.update import Adapter, Sampler, UpdateResult
 
 if TYPE_CHECKING:
+    from skyrl_glm.skyrl.publish import SkyRLServers
     from skyrl_glm.sync.vllm.async_engine import AsyncVllmEngineSampler
 
 class InMemoryPublisher:
@@ -32,7 +37,7 @@ class InMemoryPublisher:
 
     def __init__(
         self,
-        sampler: Sampler | AsyncVllmEngineSampler,
+        sampler: Sampler | AsyncVllmEngineSampler | SkyRLServers,
         transport: Transport,
         lora_name: str = "policy",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,

@@ -2,6 +2,9 @@
 
 NCCL between separate GPUs (the production path); the same code runs over gloo on CPU. The receiver
 broadcasts straight into slices of its private staging buffer, so nothing is copied after arrival.
+The group's own ``broadcast`` / ``allreduce`` are called (ranks are the group's), so a stateless group that is
+not in ``torch.distributed``'s world map works too: the group SkyRL's vLLM workers and the trainer's sending rank
+join (:mod:`skyrl_glm.skyrl.sync_group`) is one.
 """
 
 from __future__ import annotations
@@ -26,20 +29,32 @@ class CollectiveTransport(Transport):
     name = "nccl"
 
     def __init__(self, group: dist.ProcessGroup | None = None, src: int = 0) -> None:
+        """``group``: default ``torch.distributed``'s world group; ``src``: the sender's rank in ``group``."""
         self.group = group
         self.src = src
         self._header: list[int] | None = None  # receiver: the sender's header of the update in progress
 
+    @property
+    def _group(self) -> dist.ProcessGroup:
+        return self.group if self.group is not None else dist.group.WORLD
+
     def _device(self, like: torch.Tensor | None = None) -> torch.device:
         if like is not None:
             return like.device
-        if dist.get_backend(self.group) == "nccl":
+        if self._group.name() == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = self.src
+        self._group.broadcast([tensor], opts).wait()
+
     def _agree(self, accept: bool, device: torch.device) -> bool:
         flag = torch.tensor([int(accept)], dtype=torch.int64, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self._group.allreduce([flag], opts).wait()
         return bool(flag.item())
 
     def prepare(self, plan: SyncPlan) -> dict[str, Any]:
@@ -48,16 +63,16 @@ class CollectiveTransport(Transport):
     def stream(self, plan: SyncPlan) -> None:
         device = self._device(plan.tensors[0] if plan.tensors else None)
         header = [plan.manifest.total_bytes, len(plan.manifest.buckets())]
-        dist.broadcast(torch.tensor(header, dtype=torch.int64, device=device), src=self.src, group=self.group)
+        self._broadcast(torch.tensor(header, dtype=torch.int64, device=device))
         if not self._agree(True, device):
             return  # a receiver rejected the update: nothing more is sent
         for _, bucket in plan.buckets():
-            dist.broadcast(bucket, src=self.src, group=self.group)
+            self._broadcast(bucket)
 
     def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
         header = torch.empty(2, dtype=torch.int64, device=self._device())
         try:
-            dist.broadcast(header, src=self.src, group=self.group)
+            self._broadcast(header)
         except (RuntimeError, dist.DistBackendError) as e:
             raise TransportError(f"no header from rank {self.src}: {e}") from e
         self._header = header.tolist()
@@ -87,7 +102,7 @@ class CollectiveTransport(Transport):
             if not self._agree(True, out.device):
                 raise TransportError("another rank of the group rejected the update")
             for start, end in ranges:
-                dist.broadcast(out[start:end], src=self.src, group=self.group)
+                self._broadcast(out[start:end])
             if out.is_cuda:  # NCCL runs on its own stream: the stream is in ``out`` only once this returns
                 torch.cuda.current_stream(out.device).synchronize()
         except (RuntimeError, dist.DistBackendError) as e:

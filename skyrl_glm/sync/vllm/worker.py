@@ -19,6 +19,7 @@ from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import (
 
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
+from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.update import describe_error
 
 
@@ -35,12 +36,16 @@ class LoraSyncWorkerExtension:
             self._skyrl_glm_rx = AdapterReceiver(device=device)
         return self._skyrl_glm_rx
 
+    def _skyrl_glm_transport(self, name: str) -> Transport:
+        """The receiving end of transport ``name`` (a subclass hands a collective transport its group)."""
+        return registry().transport(name)()
+
     def skyrl_glm_receive(
         self, manifest_json: str, handle: dict[str, Any], transport: str, verify: bool = True
     ) -> dict[str, Any]:
         """Receive and verify one update, then stage it. Never raises: a rejection is returned with its reason."""
         try:
-            tx = registry().transport(transport)()
+            tx = self._skyrl_glm_transport(transport)
             adapter = self._skyrl_glm_receiver().receive(manifest_json, handle, tx, verify=bool(verify))
             name = staged_name(adapter.lora_name, adapter.version)
             stage_in_memory_adapter(name, adapter.tensors, adapter.adapter_config)
