@@ -21,6 +21,7 @@ from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_pa
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.sync.vllm.control import signed
 from skyrl_glm.sync.vllm.worker import staged_name
 
 
@@ -41,7 +42,9 @@ class ServerPublisher:
     async def _rpc(self, method: str, *args: Any) -> list[Any]:
         # RemoteInferenceClient has no public collective_rpc; its control-plane fan-out is what SkyRL's own
         # LoRA receive target uses (set_lora_receive_target).
-        return _results(await self.client._call_all_servers("/collective_rpc", {"method": method, "args": list(args)}))
+        # Signed with the run's control key: the servers' workers refuse calls that are not the trainer's.
+        payload = {"method": method, "args": list(signed(method, args))}
+        return _results(await self.client._call_all_servers("/collective_rpc", payload))
 
     async def publish(
         self, adapter: Mapping[str, torch.Tensor], adapter_config: Mapping[str, Any], lora_name: str, version: int
