@@ -517,3 +517,72 @@ def test_counts_and_name_lengths_are_capped(what):
         d["layout"]["alias_runs"] = [["a.", 0, 1, ".b", sent]] * (m.MAX_TENSORS + 1)
     with pytest.raises(UpdateRejected, match="cap"):
         receive(json.dumps(d))
+
+
+# ------------------------------------------------- control calls: typed, and only on what this worker staged
+
+
+@pytest.fixture
+def worker():
+    """The worker extension in this process, with one update (version 1) received, staged and committed."""
+    from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
+
+    ext = LoraSyncWorkerExtension()
+    tx = SharedMemoryTransport()
+    p = plan(version=1)
+    try:
+        answer = ext.skyrl_glm_receive(*signed("skyrl_glm_receive", (p.manifest.to_json(), tx.prepare(p), "cpu")))
+    finally:
+        tx.release()
+    assert answer["ok"], answer
+    assert ext.skyrl_glm_commit(*signed("skyrl_glm_commit", (1, ["p@v1"]))) == ["p@v1"]
+    yield ext
+    from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import discard_in_memory_adapter
+
+    discard_in_memory_adapter("p@v1")
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "reason"),
+    [
+        ("skyrl_glm_commit", (2**63 - 1, []), "was not staged by this worker"),
+        ("skyrl_glm_commit", ("x", []), "was not staged by this worker"),
+        ("skyrl_glm_commit", (True, []), "was not staged by this worker"),
+        ("skyrl_glm_commit", (0, []), "was not staged by this worker"),
+        ("skyrl_glm_commit", (1, []), "is not newer than the serving 1"),
+        ("skyrl_glm_commit", (1, "p@v1"), "is not newer"),
+        ("skyrl_glm_discard", ("p@v1",), "is serving"),
+        ("skyrl_glm_discard", ("someone-else@v9",), "was not staged by this worker"),
+        ("skyrl_glm_discard", (["p@v1"],), "was not staged by this worker"),
+        ("skyrl_glm_staged", ("extra",), "takes 0..0 arguments"),
+    ],
+)
+def test_signed_calls_are_still_typed_and_confined_to_this_workers_names(worker, method, args, reason):
+    from skyrl_glm.sync.vllm.control import ControlRefused
+
+    with pytest.raises(ControlRefused, match=reason):
+        getattr(worker, method)(*signed(method, args))
+    assert worker.skyrl_glm_staged(*signed("skyrl_glm_staged", ())) == ["p@v1"]
+    assert worker._skyrl_glm_receiver().version == 1
+
+
+def test_a_receive_with_a_bad_transport_or_verify_type_is_refused(worker):
+    p = plan(version=2)
+    for args in ((p.manifest.to_json(), {}, 7), (p.manifest.to_json(), {}, "cpu", "no")):
+        answer = worker.skyrl_glm_receive(*signed("skyrl_glm_receive", args))
+        assert not answer["ok"] and "transport must be a string and verify a boolean" in answer["reason"]
+
+
+def test_commit_keeps_only_listed_names_this_worker_staged(worker):
+    tx = SharedMemoryTransport()
+    p = plan(version=2)
+    try:
+        answer = worker.skyrl_glm_receive(*signed("skyrl_glm_receive", (p.manifest.to_json(), tx.prepare(p), "cpu")))
+    finally:
+        tx.release()
+    assert answer["ok"], answer
+    from skyrl_glm.sync.vllm.control import ControlRefused
+
+    with pytest.raises(ControlRefused, match="keep must list names this worker staged"):
+        worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2", "not-mine@v1"])))
+    assert worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2"]))) == ["p@v2"]
