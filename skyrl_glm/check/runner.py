@@ -106,6 +106,11 @@ def prepare(options: CheckOptions) -> CheckPlan:
     positive_int("alpha", options.alpha)
     check_device(options.device)
     family, model_dir, config = resolve_model(options.model)
+    if options.device == "cpu" and options.sampler == "vllm" and family.vllm_cpu_dtype is None:
+        raise UsageError(
+            f"--model {options.model}: {family.name} ({family.hf_model_type}) has no vLLM CPU serving path; "
+            "check it on a GPU (--device cuda)"
+        )
     targets = family.lora.resolve(
         options.lora_targets,
         sampler=sampler_backend(options.device),
