@@ -13,7 +13,6 @@ OK = 0
 CHECK_FAILED = 1  # the handoff check ran and its verdict is FAIL (the report says which step)
 USAGE = 2  # the input cannot run: a bad option, recipe, override, file, or hardware the run needs and lacks
 RUN_FAILED = 3  # a run that started failed on the way (a sync refused, an engine or worker died, ...)
-INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT)
 
 log = logging.getLogger("skyrl_glm.train")
 
