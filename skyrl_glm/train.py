@@ -117,6 +117,9 @@ def _experiment(cfg: Any) -> dict[str, Any]:
     """Body of the Ray task that runs the experiment (SkyRL keeps the training loop off the driver)."""
     show_progress()
     from skyrl_glm.skyrl.experiment import GlmPPOExp
+    from skyrl_glm.skyrl.ports import use_run_ports
+
+    use_run_ports()
 
     return GlmPPOExp(cfg).run()
 

@@ -1,10 +1,11 @@
-"""A port window of its own for each run's vLLM servers.
+"""Ports of its own for each run's vLLM servers and router.
 
 SkyRL 0.4.0 gives server ``i`` the window ``[SKYRL_VLLM_START_PORT + 100 i, + 100)`` (``inference_servers/setup.py``
-reads the variable once, at import, default 8000) and takes the first port there it can bind, then releases it
-for vLLM to bind again; two runs on one host both start at 8000 and race for the same ports. Each run here picks
-a random window whose first ports are free, outside the ephemeral range, and hands it to the Ray workers that
-import SkyRL's setup.
+reads the variable once, at import, default 8000) and its router's Prometheus exporter a port from 29000 on
+(``VLLMRouter._DEFAULT_PROMETHEUS_PORT``); each takes the first port it can bind there, then releases it for the
+server to bind again. Two runs on one host start from the same ports and race for them (measured: the second
+run's router died on "Address already in use"). Each run here picks random windows whose first ports are free,
+below the ephemeral range, and hands them to the Ray workers in their environment.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socket
 from typing import Any
 
 PORT_ENV = "SKYRL_VLLM_START_PORT"
+ROUTER_METRICS_ENV = "SKYRL_GLM_ROUTER_METRICS_PORT"
 STRIDE = 100  # SkyRL's SERVER_PORT_STRIDE
 LOW, HIGH = 10_000, 30_000  # below Linux's ephemeral range (32768-60999), above the usual service ports
 
@@ -45,7 +47,16 @@ def pick_start_port(servers: int, rng: random.Random | None = None, tries: int =
 
 
 def run_env(cfg: Any) -> dict[str, str]:
-    """The environment a run's Ray workers need for their own ports (a start port set by the user is kept)."""
-    if os.environ.get(PORT_ENV):
-        return {PORT_ENV: os.environ[PORT_ENV]}
-    return {PORT_ENV: str(pick_start_port(server_count(cfg)))}
+    """The environment a run's Ray workers need for their own ports (a server start port set by the user is kept):
+    the servers' windows, then one for the router's metrics."""
+    servers = server_count(cfg)
+    base = pick_start_port(servers + 1)
+    return {PORT_ENV: os.environ.get(PORT_ENV) or str(base), ROUTER_METRICS_ENV: str(base + servers * STRIDE)}
+
+
+def use_run_ports() -> None:
+    """In the process that starts SkyRL's router (the experiment): its metrics port from the run's window."""
+    if port := os.environ.get(ROUTER_METRICS_ENV):
+        from skyrl.backends.skyrl_train.inference_servers.vllm_router import VLLMRouter
+
+        VLLMRouter._DEFAULT_PROMETHEUS_PORT = int(port)
