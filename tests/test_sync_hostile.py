@@ -522,19 +522,24 @@ def test_counts_and_name_lengths_are_capped(what):
 # ------------------------------------------------- control calls: typed, and only on what this worker staged
 
 
+def _signed_receive(ext, version: int) -> None:
+    """``ext`` receives and stages a valid update of ``version`` through a signed call."""
+    tx = SharedMemoryTransport()
+    p = plan(version=version)
+    try:
+        answer = ext.skyrl_glm_receive(*signed("skyrl_glm_receive", (p.manifest.to_json(), tx.prepare(p), "cpu")))
+    finally:
+        tx.release()
+    assert answer["ok"], answer
+
+
 @pytest.fixture
 def worker():
     """The worker extension in this process, with one update (version 1) received, staged and committed."""
     from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
 
     ext = LoraSyncWorkerExtension()
-    tx = SharedMemoryTransport()
-    p = plan(version=1)
-    try:
-        answer = ext.skyrl_glm_receive(*signed("skyrl_glm_receive", (p.manifest.to_json(), tx.prepare(p), "cpu")))
-    finally:
-        tx.release()
-    assert answer["ok"], answer
+    _signed_receive(ext, 1)
     assert ext.skyrl_glm_commit(*signed("skyrl_glm_commit", (1, ["p@v1"]))) == ["p@v1"]
     yield ext
     from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import discard_in_memory_adapter
@@ -574,13 +579,7 @@ def test_a_receive_with_a_bad_transport_or_verify_type_is_refused(worker):
 
 
 def test_commit_keeps_only_listed_names_this_worker_staged(worker):
-    tx = SharedMemoryTransport()
-    p = plan(version=2)
-    try:
-        answer = worker.skyrl_glm_receive(*signed("skyrl_glm_receive", (p.manifest.to_json(), tx.prepare(p), "cpu")))
-    finally:
-        tx.release()
-    assert answer["ok"], answer
+    _signed_receive(worker, 2)
     from skyrl_glm.sync.vllm.control import ControlRefused
 
     with pytest.raises(ControlRefused, match="keep must list names this worker staged"):
