@@ -202,7 +202,10 @@ def run_command(args: Sequence[str]) -> int:
 
     show_progress()
     try:
-        cfg = build_config(args)  # SkyRL's validate_cfg and skyrl-glm's checks (skyrl_glm.skyrl.config.validate)
+        cfg = build_config(args)  # skyrl-glm's checks and SkyRL's validate_cfg on a copy (config.validate)
+        from skyrl.train.utils import validate_cfg
+
+        validate_cfg(cfg)
         if problem := missing_data(cfg):
             raise ConfigError(problem)
     except (ConfigError, ValueError, AssertionError) as e:

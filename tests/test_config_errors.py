@@ -66,7 +66,7 @@ def test_recipes_show_of_a_non_utf8_file_is_one_line(capsys, tmp_path):
         ("skyrl_glm.check.max_tol=-.inf", "skyrl_glm.check.max_tol: expected a finite number"),
         ("skyrl_glm.sync.bucket_mb=17592186044416", "skyrl_glm.sync.bucket_mb: must be in 1..65536"),
         ("skyrl_glm.sync.transport=ipc", "skyrl_glm.sync.transport: ipc moves CUDA memory"),
-        ("skyrl_glm.sync.transport=nccl", "skyrl_glm.sync.transport: nccl moves CUDA memory"),
+        ("skyrl_glm.sync.mode=disk skyrl_glm.sync.transport=nccl", "transport: nccl moves CUDA memory"),
         ("skyrl_glm.check.scale=0", "skyrl_glm.check.scale: must be a finite number > 0"),
         ("skyrl_glm.check.mean_tol=-1", "skyrl_glm.check.mean_tol: must be >= 0"),
         ("skyrl_glm.check.num_probes=100000", "skyrl_glm.check.num_probes: must be in 1..256"),
@@ -80,7 +80,8 @@ def test_recipes_show_of_a_non_utf8_file_is_one_line(capsys, tmp_path):
 )
 @pytest.mark.parametrize("command", [["recipes", "validate", TINY], ["train", TINY, "--dry-run"]])
 def test_a_value_that_would_fail_after_start_is_refused_before(capsys, command, override, says):
-    argv = [*command[:-1], override, command[-1]] if command[-1] == "--dry-run" else [*command, override]
+    items = override.split()  # one or more key=value
+    argv = [*command[:-1], *items, command[-1]] if command[-1] == "--dry-run" else [*command, *items]
     _refused(capsys, argv, says)
 
 

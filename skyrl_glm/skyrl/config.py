@@ -10,6 +10,7 @@ No ``from __future__ import annotations`` here: SkyRL's ``build_nested_dataclass
 nested dataclasses, which must therefore be real classes, not strings.
 """
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -184,11 +185,6 @@ def check_consistency(cfg: Any) -> None:
         raise ConfigError(
             "skyrl_glm.cpu: SkyRL's Megatron worker needs Transformer Engine (CUDA); use trainer.strategy=fsdp"
         )
-    if glm.cpu and glm.sync.transport in ("ipc", "nccl"):
-        raise ConfigError(
-            f"skyrl_glm.sync.transport: {glm.sync.transport} moves CUDA memory; with skyrl_glm.cpu=true use cpu "
-            "(or auto)"
-        )
     if glm.sync.mode == "memory" and not lora:
         raise ConfigError("skyrl_glm.sync.mode: memory syncs a LoRA adapter; set trainer.policy.model.lora.rank > 0")
     if glm.sync.mode == "memory" and trainer.strategy == "megatron":
@@ -201,6 +197,11 @@ def check_consistency(cfg: Any) -> None:
         raise ConfigError(
             "skyrl_glm.sync.transport: nccl inside SkyRL needs a process group with the vLLM workers, which is not "
             "built yet; use ipc (colocated), cpu (trainer and vLLM on one host) or skyrl_glm.sync.mode=disk"
+        )
+    if glm.cpu and glm.sync.transport in ("ipc", "nccl"):
+        raise ConfigError(
+            f"skyrl_glm.sync.transport: {glm.sync.transport} moves CUDA memory; with skyrl_glm.cpu=true use cpu "
+            "(or auto)"
         )
     if glm.sync.fault != "none" and glm.sync.mode != "memory":
         raise ConfigError(
@@ -242,7 +243,7 @@ def _select(cfg: Any, dotted: str) -> Any:
 
 def validate(cfg: Any) -> None:
     """Everything a run needs of its config, checked before anything starts: skyrl-glm's combinations, SkyRL
-    bounds it does not check itself, the recipe's rules, then SkyRL's own ``validate_cfg``. One
+    bounds it does not check itself, the recipe's rules, then SkyRL's own ``validate_cfg`` (on a copy). One
     :class:`ConfigError` (naming the key) for the first problem."""
     from skyrl.train.utils import validate_cfg
 
@@ -252,8 +253,13 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"{key}: must be >= 1, got {value}")
     if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer
         raise ConfigError(found[0])
+    # On a copy: validate_cfg also rewrites a few keys (the run's own call, in train, keeps them), and it asks this
+    # machine for WANDB_API_KEY, which only the run's machine must have (train checks it there).
+    probe = copy.deepcopy(cfg)
+    if probe.trainer.logger == "wandb" and not os.environ.get("WANDB_API_KEY"):
+        probe.trainer.logger = "console"
     try:
-        validate_cfg(cfg)
+        validate_cfg(probe)
     except AssertionError as e:  # SkyRL's checks are asserts, some without a message
         raise ConfigError(f"SkyRL's validate_cfg refused the config: {_assertion(e)}") from None
 
