@@ -57,7 +57,7 @@ def _load(recipe: str, overrides: list[str]) -> Any:
 
 
 def _first_comment(path: Path) -> str:
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         if line.startswith("#"):
             return line.lstrip("# ").strip()
     return ""
@@ -132,10 +132,13 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
     try:
         path = resolve_recipe(args.recipe)
+        text = path.read_text(encoding="utf-8")
     except _config_errors() as e:
         return _error(str(e))
+    except (OSError, UnicodeDecodeError) as e:
+        return _error(f"{args.recipe}: unreadable recipe ({e})")
     console.print(f"[bold]{path}[/]", highlight=False)
-    print(path.read_text(), end="")
+    print(text, end="")
     return 0
 
 

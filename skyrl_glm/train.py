@@ -5,8 +5,10 @@
 
 RECIPE is a YAML file or a packaged recipe name (``skyrl_glm/recipes``); ``key=value`` overrides any key of
 SkyRL's config or of the ``skyrl_glm`` section. A model path ``tiny:<family>`` is a tiny random-weight checkpoint
-of a registered model family, made locally (deterministic, cached). Exit codes: 0 trained, 1 the handoff check
-failed (its report is printed), 2 bad recipe or override (one line on stderr).
+of a registered model family, made locally (deterministic, cached). Exit codes (:mod:`skyrl_glm.exit_codes`):
+0 trained, 1 the handoff check failed (its report is printed), 2 the run cannot start as given (one line on
+stderr: a bad recipe or override, missing data, GPUs Ray does not have), 3 the run failed after it started (one
+line naming the error and the log).
 """
 
 from __future__ import annotations
@@ -69,10 +71,12 @@ def build_config(args: Sequence[str]) -> Any:
     return cfg
 
 
-def _start_ray(cfg: Any) -> None:
+def _start_ray(cfg: Any, run_env: dict[str, str]) -> None:
+    """Ray with ``run_env`` (the run's control-key file and vLLM port window) in every worker's environment."""
     import ray
     from skyrl.train.utils.utils import initialize_ray, prepare_runtime_environment
 
+    os.environ.update(run_env)  # the local cluster's workers inherit the driver's environment
     if not cfg.skyrl_glm.cpu:
         initialize_ray(cfg)
         return
@@ -90,7 +94,7 @@ def _start_ray(cfg: Any) -> None:
         log_dir = Path(cfg.trainer.log_path).resolve()
         log_dir.mkdir(parents=True, exist_ok=True)
         env_vars["SKYRL_LOG_FILE"] = os.environ["SKYRL_LOG_FILE"] = str(log_dir / f"infra-{os.getpid()}.log")
-    kwargs = cpu.ray_init_kwargs(env_vars)
+    kwargs = cpu.ray_init_kwargs({**env_vars, **run_env})
     address = os.environ.get("RAY_ADDRESS")
     if address:  # a running cluster brings its own (logical) GPUs
         kwargs.pop("num_gpus")
@@ -113,6 +117,9 @@ def _experiment(cfg: Any) -> dict[str, Any]:
     """Body of the Ray task that runs the experiment (SkyRL keeps the training loop off the driver)."""
     show_progress()
     from skyrl_glm.skyrl.experiment import GlmPPOExp
+    from skyrl_glm.skyrl.ports import use_run_ports
+
+    use_run_ports()
 
     return GlmPPOExp(cfg).run()
 
@@ -148,23 +155,39 @@ def report_summary(cfg: Any, summary: dict[str, Any]) -> Path:
 
 
 def run(cfg: Any) -> int:
-    """Run one training; 0 when it finished, 1 when the handoff check stopped it."""
+    """Run one training; an exit code of :mod:`skyrl_glm.exit_codes` (0 finished, 1 stopped by the handoff check,
+    2 Ray lacks the GPUs the layout needs, 3 failed on the way)."""
+    from skyrl_glm.skyrl.ports import run_env
+    from skyrl_glm.sync.vllm.control import KEY_ENV, run_key
+
+    with run_key() as key_file:  # the run's control key: the trainer and the vLLM workers it starts hold it
+        return _run(cfg, {KEY_ENV: key_file, **run_env(cfg)})
+
+
+def _run(cfg: Any, env: dict[str, str]) -> int:
     import time
 
     import ray
 
+    from skyrl_glm import exit_codes
     from skyrl_glm.skyrl.check import HandoffCheckFailed
+    from skyrl_glm.skyrl.hardware import ray_shortfall
 
     log = logging.getLogger("skyrl_glm.train")
     t0 = time.perf_counter()
-    _start_ray(cfg)
+    _start_ray(cfg, env)
     t1 = time.perf_counter()
     try:
+        if problem := ray_shortfall(cfg, ray.cluster_resources()):
+            print(f"skyrl-glm train: {problem}", file=sys.stderr)
+            return exit_codes.USAGE
         summary = ray.get(ray.remote(num_cpus=1)(_experiment).remote(cfg))
     except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
         report = e.args[0] if e.args else str(e)
         print(f"skyrl-glm train: stopped by the handoff check:\n{report}", file=sys.stderr)
-        return 1
+        return exit_codes.CHECK_FAILED
+    except Exception as e:  # noqa: BLE001 - one line and the log's path; the traceback goes to the log
+        return exit_codes.run_failed("skyrl-glm train", e, os.environ.get("SKYRL_LOG_FILE") or cfg.trainer.log_path)
     finally:
         t2 = time.perf_counter()
         ray.shutdown()
@@ -175,14 +198,16 @@ def run(cfg: Any) -> int:
 
 def run_command(args: Sequence[str]) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
-    from skyrl_glm.skyrl.config import ConfigError
+    from skyrl_glm.skyrl.config import ConfigError, missing_data
 
     show_progress()
     try:
-        cfg = build_config(args)
+        cfg = build_config(args)  # skyrl-glm's checks and SkyRL's validate_cfg on a copy (config.validate)
         from skyrl.train.utils import validate_cfg
 
         validate_cfg(cfg)
+        if problem := missing_data(cfg):
+            raise ConfigError(problem)
     except (ConfigError, ValueError, AssertionError) as e:
         print(f"skyrl-glm train: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2

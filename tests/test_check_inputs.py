@@ -9,6 +9,7 @@ import math
 import os
 
 import pytest
+import torch
 
 from skyrl_glm.check.algorithm import CheckConfig, CheckReport, Diff, StepResult
 from skyrl_glm.check.report import write_json
@@ -150,3 +151,23 @@ def test_a_sharded_checkpoint_missing_a_shard_is_refused(glm45_dir, tmp_path):
     (ckpt / "model.safetensors.index.json").write_text("[]")
     with pytest.raises(UsageError, match="not a JSON object"):
         read_config(ckpt)
+
+
+def test_restoring_a_lora_b_backup_never_taken_is_a_no_op_not_a_new_error():
+    """The check's ``finally`` restores LoRA B; when the check stopped before its perturbation (a bad config, a
+    failed first publish), there is no backup, and the restore must not raise over the real error."""
+    from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
+
+    class Worker(GlmSyncMixin):
+        def __init__(self) -> None:
+            self.lora_b = [torch.zeros(4, 2), torch.zeros(3, 2)]
+
+        def _glm_lora_b_params(self):
+            return iter(self.lora_b)
+
+    worker = Worker()
+    assert worker.skyrl_glm_restore_lora_b() == 0  # nothing was perturbed: nothing to put back
+    assert worker.skyrl_glm_perturb_lora_b(0.5) == 2
+    assert worker.skyrl_glm_restore_lora_b() == 2
+    assert all(float(p.abs().max()) == 0.0 for p in worker.lora_b)
+    assert worker.skyrl_glm_restore_lora_b() == 0  # the backup is used once

@@ -82,6 +82,8 @@ CASES = [
     ("sizes-empty-targets", ["sizes", "--lora-targets", " , "], "--lora-targets"),
     ("sizes-unknown-model", ["sizes", "nope"], "nope"),
     ("no-command", [], "required"),
+    ("flash-on-cpu", ["check", "--model", "glm-5.3-flash"], "no vLLM CPU serving path"),
+    ("flash-dir-on-cpu", ["check", "--model", "{bad}"], "glm-5.3-flash (glm5_next) has no vLLM CPU serving path"),
 ]
 DAMAGED = {"model-type", "config-list", "config-not-json", "truncated", "corrupt-header", "header-too-long"}
 DAMAGED |= {"no-weights", "no-tokenizer"}
@@ -92,6 +94,11 @@ def test_user_error_is_one_line_and_exit_2(case, argv, says, glm45_dir, tmp_path
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     bad = _damage(Path(glm45_dir), tmp_path, case) if case in DAMAGED else None
+    if case == "flash-dir-on-cpu":  # a tiny GLM-5.3-Flash checkpoint: a valid model, but none vLLM CPU serves
+        from skyrl_glm.models.tiny import make_tiny
+        from skyrl_glm.plugins import registry
+
+        bad = make_tiny(registry().model("glm-5.3-flash"), tmp_path / "flash", seed=0)
     subs = {"{good}": str(glm45_dir), "{bad}": str(bad), "{file}": str(a_file), "{tmp}": str(tmp_path)}
     args = [arg for arg in argv]
     for key, value in subs.items():

@@ -58,7 +58,7 @@ B = "base: tiny_cpu_grpo\n"
         (B + "skyrl_glm:\n  check:\n    on_failure: ignore\n", [], "bad.yaml", "skyrl_glm.check.on_failure"),
         (None, ["trainer.policy.model.lora=3"], "command line", "trainer.policy.model.lora: expected a section"),
         (None, ["epochs"], "command line", "overrides are key=value"),
-        (None, ["skyrl_glm.check.every_n_syncs=-1"], "command line", "skyrl_glm.check.every_n_syncs: must be positive"),
+        (None, ["skyrl_glm.check.every_n_syncs=-1"], "command line", "skyrl_glm.check.every_n_syncs: must be >= 0"),
         (B + "trainer: [1, 2]\n", [], "bad.yaml", "trainer: expected a section"),
         ("- a\n- b\n", [], "bad.yaml", "a recipe must be a mapping"),
         ("trainer: {epochs: 1\n", [], "bad.yaml", "unreadable YAML"),
@@ -140,7 +140,9 @@ def test_auto_transport_resolution() -> None:
     assert resolved_transport(load_config(None, base)) == "ipc"  # SkyRL colocates by default
     one_node = load_config(None, [*base, "trainer.placement.colocate_all=false"])
     assert resolved_transport(one_node) == "cpu"
-    nodes = load_config(None, [*base, "trainer.placement.colocate_all=false", "trainer.placement.policy_num_nodes=2"])
+    # (SkyRL's validate_cfg, run by load_config, wants the colocated reference model on the policy's nodes)
+    two_nodes = ["trainer.placement.policy_num_nodes=2", "trainer.placement.ref_num_nodes=2"]
+    nodes = load_config(None, [*base, "trainer.placement.colocate_all=false", *two_nodes])
     assert resolved_transport(nodes) == "nccl"
     # the collective transport is accepted inside SkyRL (the CPU recipe runs it over gloo: test_skyrl_train)
     assert resolved_transport(load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=nccl"])) == "nccl"

@@ -119,7 +119,7 @@ def test_a_refused_update_is_not_loaded_and_staged_copies_are_discarded() -> Non
     assert not result.ok and "checksum mismatch" in result.reason
     assert client.loaded == []  # the previous adapter keeps serving
     assert [m for m, _ in client.calls] == ["skyrl_glm_receive", "skyrl_glm_discard"]
-    assert client.calls[1][1] == ["skyrl-lora@v1"]
+    assert client.calls[1][1][1:] == ["skyrl-lora@v1"]  # after the call's MAC (skyrl_glm.sync.vllm.control)
 
 
 def test_sync_verify_off_skips_only_the_per_tensor_checks() -> None:

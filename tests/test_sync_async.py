@@ -100,7 +100,7 @@ def test_requests_in_flight_finish_on_their_version(glm45_trainer, async_sampler
         return sampler.adapter.lora_int_id
 
     async def staged() -> list[str]:
-        return (await sampler.engine.collective_rpc("skyrl_glm_staged"))[0]
+        return (await sampler._rpc("skyrl_glm_staged", ()))[0]
 
     async def scenario() -> dict:
         ev: dict = {"id1": await publish(1)}

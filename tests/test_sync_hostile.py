@@ -21,6 +21,7 @@ from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.sync.vllm.control import signed
 
 CONFIG = {"r": 4, "lora_alpha": 8}
 
@@ -213,7 +214,8 @@ def test_worker_staging_failure_is_a_rejection(monkeypatch):
     tx = SharedMemoryTransport()
     handle = tx.prepare(p)
     try:
-        answer = vllm_worker.LoraSyncWorkerExtension().skyrl_glm_receive(p.manifest.to_json(), handle, "cpu")
+        args = signed("skyrl_glm_receive", (p.manifest.to_json(), handle, "cpu"))
+        answer = vllm_worker.LoraSyncWorkerExtension().skyrl_glm_receive(*args)
     finally:
         tx.release()
     assert answer == {"ok": False, "reason": "ValueError: no room"}
@@ -237,7 +239,7 @@ def test_staging_is_not_allocated_from_an_unvalidated_total_bytes(monkeypatch):
         return real_empty(*size, **kw)
 
     monkeypatch.setattr(torch, "empty", spy)
-    with pytest.raises(UpdateRejected, match=f"claims {claim} bytes, the transport holds"):
+    with pytest.raises(UpdateRejected, match=f"holds \\d+ bytes, the manifest describes {claim}"):
         receive(json.dumps(d))
     assert claim not in asked
 
@@ -276,7 +278,7 @@ def test_shm_handle_naming_a_fifo_or_a_link_does_not_block():
     os.mkfifo(f"/dev/shm/{fifo}")
     os.symlink("/etc/hostname", f"/dev/shm/{link}")
     try:
-        _rejects_quickly({"shm_name": fifo}, "is not a shared-memory segment")
+        _rejects_quickly({"shm_name": fifo}, "not a regular file")
         _rejects_quickly({"shm_name": link}, "unreadable")
     finally:
         os.unlink(f"/dev/shm/{fifo}")
@@ -397,3 +399,189 @@ def test_a_plan_that_fails_after_staging_leaves_no_segment(created):
     with pytest.raises(ValueError, match="alpha must be positive"):
         publisher.publish(adapter(), {"r": 4, "lora_alpha": -4}, 1)
     assert len(created) == 1 and not os.path.exists(created[0])
+
+
+# ------------------------------------------------------- a segment is trusted for its file, not for its name
+
+OTHER_UID = 65534  # "nobody": the segment's owner as another local user would make it
+
+
+def _forged_segment(p, how: str) -> dict:
+    """A segment under a name this transport would use, holding ``p``'s stream, damaged in one way (``how``)."""
+    name = f"skyrl_glm_{secrets.token_hex(16)}"
+    path = f"/dev/shm/{name}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        size = p.manifest.total_bytes
+        if how == "sparse":
+            os.ftruncate(fd, size)  # the right size, nothing allocated: costs its maker nothing
+        else:
+            os.write(fd, p.buffer[:size].numpy().tobytes() + (b"\0" * 4096 if how == "too-big" else b""))
+        if how == "other-owner":
+            os.fchown(fd, OTHER_UID, OTHER_UID)
+        if how == "group-writable":
+            os.fchmod(fd, 0o620)
+    finally:
+        os.close(fd)
+    if how == "hard-link":
+        os.link(path, f"/dev/shm/skyrl_glm_{secrets.token_hex(16)}")
+    return {"shm_name": name}
+
+
+def _big_plan():
+    """An update of several pages, so that a sparse segment of its size is visibly unallocated."""
+    g = torch.Generator().manual_seed(2)
+    tensors = {
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 4096, generator=g),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.randn(4096, 4, generator=g),
+    }
+    return build_plan(tensors, adapter_config=CONFIG, lora_name="p", version=1)
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [
+        ("other-owner", f"owned by uid {OTHER_UID}"),
+        ("group-writable", "writable by others"),
+        ("hard-link", "2 links"),
+        ("too-big", "bytes, the manifest describes"),
+        ("sparse", r"are allocated \(sparse\)"),
+    ],
+)
+def test_a_forged_segment_is_refused_before_any_byte_is_read(how, reason, monkeypatch):
+    """A local user who can write to /dev/shm made a segment under a valid name holding a stream that matches the
+    manifest (their own adapter would pass the checksums): refused by its file, and nothing is read from it."""
+    p = _big_plan()
+    handle = _forged_segment(p, how)
+    reads: list[int] = []
+    real_readv = os.readv
+    monkeypatch.setattr(os, "readv", lambda fd, bufs: reads.append(fd) or real_readv(fd, bufs))
+    try:
+        with pytest.raises(UpdateRejected, match=reason):
+            AdapterReceiver().receive(p.manifest.to_json(), handle, SharedMemoryTransport())
+        assert reads == []
+    finally:
+        for f in os.listdir("/dev/shm"):
+            st = os.stat(f"/dev/shm/{f}")
+            if f.startswith("skyrl_glm_") and st.st_ino == os.stat(f"/dev/shm/{handle['shm_name']}").st_ino:
+                os.unlink(f"/dev/shm/{f}")
+
+
+def test_an_intact_forged_segment_of_this_user_is_what_the_checks_let_through():
+    """The control for the cases above: the same forged segment, undamaged, is received (the checks refuse the
+    damage, not every segment they did not make)."""
+    p = _big_plan()
+    handle = _forged_segment(p, "intact")
+    try:
+        got = AdapterReceiver().receive(p.manifest.to_json(), handle, SharedMemoryTransport())
+    finally:
+        os.unlink(f"/dev/shm/{handle['shm_name']}")
+    assert got.version == 1 and len(got.tensors) == 2
+
+
+# ----------------------------------------------------------------- caps on the manifest, before parsing work
+
+
+def _parses(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = json.loads
+    monkeypatch.setattr(json, "loads", lambda text, *a, **k: calls.append(len(text)) or real(text, *a, **k))
+    return calls
+
+
+def test_an_oversized_manifest_is_refused_before_json_parsing(monkeypatch):
+    from skyrl_glm.sync.manifest import MAX_MANIFEST_BYTES
+
+    text = _with(extra={"pad": "x" * MAX_MANIFEST_BYTES})
+    calls = _parses(monkeypatch)
+    with pytest.raises(UpdateRejected, match="exceeds the cap"):
+        receive(text)
+    assert calls == []
+
+
+@pytest.mark.parametrize("what", ["aliases", "tensors", "name", "run-names", "run-count"])
+def test_counts_and_name_lengths_are_capped(what):
+    from skyrl_glm.sync import manifest as m
+
+    d = raw(plan())
+    sent = d["layout"]["tensors"][0][0]
+    if what == "aliases":
+        d["layout"]["aliases"] = {f"x.{i}.lora_A.weight": sent for i in range(m.MAX_ALIASES + 1)}
+    elif what == "tensors":
+        d["layout"]["tensors"] = [d["layout"]["tensors"][0]] * (m.MAX_TENSORS + 1)
+    elif what == "name":
+        d["layout"]["aliases"] = {"x." * m.MAX_NAME_CHARS + "lora_A.weight": sent}
+    elif what == "run-names":  # 900-character heads over 2**20 indices: ~1 GB of names from a few kB of JSON
+        d["layout"]["alias_runs"] = [["h" * 900 + ".", 0, 1 << 20, ".lora_A.weight", sent]]
+    else:
+        d["layout"]["alias_runs"] = [["a.", 0, 1, ".b", sent]] * (m.MAX_TENSORS + 1)
+    with pytest.raises(UpdateRejected, match="cap"):
+        receive(json.dumps(d))
+
+
+# ------------------------------------------------- control calls: typed, and only on what this worker staged
+
+
+def _signed_receive(ext, version: int) -> None:
+    """``ext`` receives and stages a valid update of ``version`` through a signed call."""
+    tx = SharedMemoryTransport()
+    p = plan(version=version)
+    try:
+        answer = ext.skyrl_glm_receive(*signed("skyrl_glm_receive", (p.manifest.to_json(), tx.prepare(p), "cpu")))
+    finally:
+        tx.release()
+    assert answer["ok"], answer
+
+
+@pytest.fixture
+def worker():
+    """The worker extension in this process, with one update (version 1) received, staged and committed."""
+    from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
+
+    ext = LoraSyncWorkerExtension()
+    _signed_receive(ext, 1)
+    assert ext.skyrl_glm_commit(*signed("skyrl_glm_commit", (1, ["p@v1"]))) == ["p@v1"]
+    yield ext
+    from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import discard_in_memory_adapter
+
+    discard_in_memory_adapter("p@v1")
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "reason"),
+    [
+        ("skyrl_glm_commit", (2**63 - 1, []), "was not staged by this worker"),
+        ("skyrl_glm_commit", ("x", []), "was not staged by this worker"),
+        ("skyrl_glm_commit", (True, []), "was not staged by this worker"),
+        ("skyrl_glm_commit", (0, []), "was not staged by this worker"),
+        ("skyrl_glm_commit", (1, []), "is not newer than the serving 1"),
+        ("skyrl_glm_commit", (1, "p@v1"), "is not newer"),
+        ("skyrl_glm_discard", ("p@v1",), "is serving"),
+        ("skyrl_glm_discard", ("someone-else@v9",), "was not staged by this worker"),
+        ("skyrl_glm_discard", (["p@v1"],), "was not staged by this worker"),
+        ("skyrl_glm_staged", ("extra",), "takes 0..0 arguments"),
+    ],
+)
+def test_signed_calls_are_still_typed_and_confined_to_this_workers_names(worker, method, args, reason):
+    from skyrl_glm.sync.vllm.control import ControlRefused
+
+    with pytest.raises(ControlRefused, match=reason):
+        getattr(worker, method)(*signed(method, args))
+    assert worker.skyrl_glm_staged(*signed("skyrl_glm_staged", ())) == ["p@v1"]
+    assert worker._skyrl_glm_receiver().version == 1
+
+
+def test_a_receive_with_a_bad_transport_or_verify_type_is_refused(worker):
+    p = plan(version=2)
+    for args in ((p.manifest.to_json(), {}, 7), (p.manifest.to_json(), {}, "cpu", "no")):
+        answer = worker.skyrl_glm_receive(*signed("skyrl_glm_receive", args))
+        assert not answer["ok"] and "transport must be a string and verify a boolean" in answer["reason"]
+
+
+def test_commit_keeps_only_listed_names_this_worker_staged(worker):
+    _signed_receive(worker, 2)
+    from skyrl_glm.sync.vllm.control import ControlRefused
+
+    with pytest.raises(ControlRefused, match="keep must list names this worker staged"):
+        worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2", "not-mine@v1"])))
+    assert worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2"]))) == ["p@v2"]

@@ -109,6 +109,11 @@ def prepare(options: CheckOptions) -> CheckPlan:
     family, model_dir, config = resolve_model(options.model)
     if options.sampler.startswith("vllm"):
         require_vllm()
+    if options.device == "cpu" and options.sampler.startswith("vllm") and family.vllm_cpu_dtype is None:
+        raise UsageError(
+            f"--model {options.model}: {family.name} ({family.hf_model_type}) has no vLLM CPU serving path; "
+            "check it on a GPU (--device cuda)"
+        )
     targets = family.lora.resolve(
         options.lora_targets,
         sampler=sampler_backend(options.device, skyrl_worker=options.sampler == "vllm-skyrl"),

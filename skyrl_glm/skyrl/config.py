@@ -10,8 +10,14 @@ No ``from __future__ import annotations`` here: SkyRL's ``build_nested_dataclass
 nested dataclasses, which must therefore be real classes, not strings.
 """
 
+import copy
 import dataclasses
 import difflib
+import functools
+import math
+import os
+import tempfile
+import time
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,6 +40,13 @@ from skyrl_glm.usage import UsageError
 BASE_KEY = "base"
 COMMAND_LINE = "command line"
 RECIPE_SUFFIXES = (".yaml", ".yml")
+MAX_BASE_DEPTH = 32  # recipes composed through ``base`` (the packaged ones use 2)
+MAX_BUCKET_MB = 1 << 16  # 64 GiB: far above any adapter's unique bytes (full GLM-5.3 r32: 0.62 GB)
+# The check's probes run through the trainer and the sampler before step 1: bounded so that a typo cannot turn
+# the seconds-long check into a long run of its own.
+MAX_PROBES = 256
+MAX_PROBE_LENGTH = 8192
+MAX_DECODE_TOKENS = 1024
 
 
 class ConfigError(UsageError):
@@ -43,6 +56,13 @@ class ConfigError(UsageError):
 def _choice(key: str, value: Any, allowed: Sequence[Any]) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}: must be one of {'|'.join(map(str, allowed))}, got {value!r}")
+
+
+def _bounded(key: str, value: float, low: float, high: float | None) -> None:
+    """``low <= value <= high`` (``high`` None: no upper bound), and finite."""
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        where = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ConfigError(f"{key}: must be {where}, got {value}")
 
 
 def _literal_values(cls: type, name: str) -> tuple[Any, ...]:
@@ -69,8 +89,7 @@ class SyncSection:
     def __post_init__(self) -> None:
         for name in ("mode", "transport", "fault"):
             _choice(f"skyrl_glm.sync.{name}", getattr(self, name), _literal_values(SyncSection, name))
-        if self.bucket_mb < 1:
-            raise ConfigError(f"skyrl_glm.sync.bucket_mb: must be >= 1, got {self.bucket_mb}")
+        _bounded("skyrl_glm.sync.bucket_mb", self.bucket_mb, 1, MAX_BUCKET_MB)
 
     @property
     def bucket_bytes(self) -> int:
@@ -106,9 +125,15 @@ class CheckSection:
 
     def __post_init__(self) -> None:
         _choice("skyrl_glm.check.on_failure", self.on_failure, _literal_values(CheckSection, "on_failure"))
-        for name in ("every_n_syncs", "num_probes", "probe_length", "prompt_length", "decode_tokens"):
-            if getattr(self, name) < (0 if name == "every_n_syncs" else 1):
-                raise ConfigError(f"skyrl_glm.check.{name}: must be positive, got {getattr(self, name)}")
+        _bounded("skyrl_glm.check.every_n_syncs", self.every_n_syncs, 0, None)
+        _bounded("skyrl_glm.check.num_probes", self.num_probes, 1, MAX_PROBES)
+        _bounded("skyrl_glm.check.probe_length", self.probe_length, 2, MAX_PROBE_LENGTH)
+        _bounded("skyrl_glm.check.prompt_length", self.prompt_length, 1, MAX_PROBE_LENGTH)
+        _bounded("skyrl_glm.check.decode_tokens", self.decode_tokens, 1, MAX_DECODE_TOKENS)
+        for name in ("mean_tol", "max_tol", "repeat_tol"):  # a bound: finite and >= 0
+            _bounded(f"skyrl_glm.check.{name}", getattr(self, name), 0, None)
+        if not math.isfinite(self.scale) or self.scale <= 0:  # step 3 needs a perturbation the sampler can miss
+            raise ConfigError(f"skyrl_glm.check.scale: must be a finite number > 0, got {self.scale}")
         if self.prompt_length >= self.probe_length:
             raise ConfigError(
                 f"skyrl_glm.check.prompt_length: must be < probe_length ({self.probe_length}), got {self.prompt_length}"
@@ -169,6 +194,10 @@ def check_consistency(cfg: Any) -> None:
                 "skyrl_glm.sync.mode: memory ships the adapter alone; set "
                 "trainer.policy.megatron_config.lora_config.merge_lora=false"
             )
+    if glm.cpu and glm.sync.transport == "ipc":
+        raise ConfigError(
+            "skyrl_glm.sync.transport: ipc moves CUDA memory; with skyrl_glm.cpu=true use cpu, nccl (over gloo) or auto"
+        )
     if glm.sync.fault != "none" and glm.sync.mode != "memory":
         raise ConfigError(
             "skyrl_glm.sync.fault: faults are injected into the memory sync; set skyrl_glm.sync.mode=memory"
@@ -179,7 +208,87 @@ def check_consistency(cfg: Any) -> None:
         )
 
 
+# SkyRL keys that SkyRL accepts at any value but that fail only after Ray, the models and vLLM started (or loop
+# forever): each must be >= 1.
+AT_LEAST_ONE = (
+    "trainer.epochs",
+    "trainer.train_batch_size",
+    "trainer.policy_mini_batch_size",
+    "trainer.micro_train_batch_size_per_gpu",
+    "trainer.micro_forward_batch_size_per_gpu",
+    "trainer.update_epochs_per_batch",
+    "trainer.max_prompt_length",
+    "trainer.placement.policy_num_nodes",
+    "trainer.placement.policy_num_gpus_per_node",
+    "generator.max_input_length",
+    "generator.n_samples_per_prompt",
+    "generator.eval_n_samples_per_prompt",
+    "generator.sampling_params.max_generate_length",
+    "generator.eval_sampling_params.max_generate_length",
+    "generator.inference_engine.num_engines",
+    "generator.inference_engine.tensor_parallel_size",
+    "generator.inference_engine.pipeline_parallel_size",
+    "generator.inference_engine.data_parallel_size",
+)
+
+
+def _select(cfg: Any, dotted: str) -> Any:
+    return functools.reduce(getattr, dotted.split("."), cfg)
+
+
+def validate(cfg: Any) -> None:
+    """Everything a run needs of its config, checked before anything starts: skyrl-glm's combinations, SkyRL
+    bounds it does not check itself, the recipe's rules, then SkyRL's own ``validate_cfg`` (on a copy). One
+    :class:`ConfigError` (naming the key) for the first problem."""
+    from skyrl.train.utils import validate_cfg
+
+    check_consistency(cfg)
+    for key in AT_LEAST_ONE:
+        if (value := _select(cfg, key)) < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {value}")
+    if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer
+        raise ConfigError(found[0])
+    # On a copy: validate_cfg also rewrites a few keys (the run's own call, in train, keeps them), and it asks this
+    # machine for WANDB_API_KEY, which only the run's machine must have (train checks it there).
+    probe = copy.deepcopy(cfg)
+    if probe.trainer.logger == "wandb" and not os.environ.get("WANDB_API_KEY"):
+        probe.trainer.logger = "console"
+    try:
+        validate_cfg(probe)
+    except AssertionError as e:  # SkyRL's checks are asserts, some without a message
+        raise ConfigError(f"SkyRL's validate_cfg refused the config: {_assertion(e)}") from None
+
+
+def _assertion(e: AssertionError) -> str:
+    if str(e):
+        return str(e).splitlines()[0]
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"assertion at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}" if tb else "assertion failed"
+
+
+def missing_data(cfg: Any) -> str | None:
+    """The first training or eval data file that does not exist (checked before a run starts), or None."""
+    for role, files in (("data.train_data", cfg.data.train_data), ("data.val_data", cfg.data.val_data or [])):
+        for f in files:
+            if not Path(f).is_file():
+                return f"{role}: {f}: no such file (skyrl-glm data prepare ... writes it)"
+    return None
+
+
 # -- recipes ---------------------------------------------------------------------------------------
+
+
+@functools.cache
+def run_dir(root: str = "") -> str:
+    """A directory name of this run alone, under ``root`` (default: the temp dir): a recipe writes its artifacts
+    under ``${skyrl_glm_run:ROOT}`` so that two runs of one recipe never share a path. Fixed per process."""
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return os.path.join(root or os.path.join(tempfile.gettempdir(), "skyrl-glm-runs"), stamp)
+
+
+OmegaConf.register_resolver("skyrl_glm_run", run_dir, replace=True)
 
 
 def packaged_data(name: str) -> str:
@@ -217,6 +326,8 @@ def _read_recipe(path: Path, chain: tuple[Path, ...]) -> list[tuple[str, DictCon
     """The layers of one recipe, its bases first."""
     if path.resolve() in chain:
         raise ConfigError(f"{path}: {BASE_KEY}: circular composition ({' -> '.join(map(str, chain + (path,)))})")
+    if len(chain) >= MAX_BASE_DEPTH:
+        raise ConfigError(f"{path}: {BASE_KEY}: more than {MAX_BASE_DEPTH} recipes composed ({chain[0]} -> ...)")
     try:
         layer = OmegaConf.load(path)
     except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
@@ -246,8 +357,9 @@ def _override_layer(overrides: Iterable[str]) -> DictConfig:
             raise ConfigError(f"{COMMAND_LINE}: {key}: the '+' prefix is not supported; every key is in the schema")
     try:
         return OmegaConf.from_cli(items)
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"{COMMAND_LINE}: {str(e).splitlines()[0]}") from None
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError) as e:  # YAMLError: a value such as "[1"
+        first = " ".join(str(e).split())
+        raise ConfigError(f"{COMMAND_LINE}: cannot read the overrides {items}: {first:.200}") from None
 
 
 # -- schema checks ---------------------------------------------------------------------------------
@@ -280,10 +392,16 @@ def _scalar_problem(hint: Any, value: Any) -> str | None:
         return None if isinstance(value, int) and not isinstance(value, bool) else f"expected an integer, got {value!r}"
     if hint is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and not math.isfinite(value):
+            return f"expected a finite number, got {value}"
         return None if ok else f"expected a number, got {value!r}"
     if hint is str:
         return None if isinstance(value, str) else f"expected a string, got {value!r}"
     return None
+
+
+def _yaml(value: Any) -> str:
+    return "null" if value is None else repr(value)
 
 
 def _check_keys(cls: type, node: Mapping[str, Any], source: str, prefix: str = "") -> None:
@@ -292,6 +410,8 @@ def _check_keys(cls: type, node: Mapping[str, Any], source: str, prefix: str = "
     names = {f.name for f in dataclasses.fields(cls)}
     for key, value in node.items():
         dotted = f"{prefix}{key}"
+        if not isinstance(key, str):
+            raise ConfigError(f"{source}: {dotted}: a key must be a name, got {type(key).__name__} {key!r}")
         if key not in names:
             near = difflib.get_close_matches(key, names, n=1)
             hint = f"did you mean {prefix}{near[0]}?" if near else f"valid here: {', '.join(sorted(names))}"
@@ -300,8 +420,8 @@ def _check_keys(cls: type, node: Mapping[str, Any], source: str, prefix: str = "
         nested = _dataclass_of(hint)
         if nested is not None and isinstance(value, Mapping):
             _check_keys(nested, value, source, f"{dotted}.")
-        elif nested is not None and value is not None:
-            raise ConfigError(f"{source}: {dotted}: expected a section (mapping), got {value!r}")
+        elif nested is not None and (value is not None or type(None) not in typing.get_args(hint)):
+            raise ConfigError(f"{source}: {dotted}: expected a section (mapping), got {_yaml(value)}")
         elif (isinstance(value, str | int | float | bool) or hint in (int, float, bool)) and (
             problem := _scalar_problem(hint, value)
         ):
@@ -361,9 +481,7 @@ def load_config(
             raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None
     try:
         cfg = config_cls.from_cli_overrides(_flatten(values))
-        check_consistency(cfg)
-        if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer
-            raise ConfigError(found[0])
+        validate(cfg)
         return cfg
     except ConfigError as e:
         raise ConfigError(f"{_source_of(layers, str(e), where)}: {e}") from None
@@ -380,6 +498,9 @@ def config_yaml(cfg: SkyRLTrainConfig) -> str:
 __all__ = [
     "CheckSection",
     "check_consistency",
+    "missing_data",
+    "run_dir",
+    "validate",
     "ConfigError",
     "GlmSection",
     "SkyRLGlmConfig",

@@ -80,3 +80,17 @@ def layout_problem(cfg: Any) -> str | None:
             f"exceeds skyrl_glm.hardware.gpus_per_node={hw.gpus_per_node}"
         )
     return None
+
+
+def ray_shortfall(cfg: Any, resources: dict[str, float]) -> str | None:
+    """Why the Ray cluster the run got (``ray.cluster_resources()``) cannot place the layout, or None. Checked
+    before any actor is asked for: Ray would otherwise wait forever for GPUs that are not there."""
+    needs = gpu_needs(cfg)
+    have = resources.get("GPU", 0.0)
+    if needs.total > have:
+        how = "colocated" if needs.colocated else f"{needs.trainer} trainer + {needs.sampler} sampler"
+        return (
+            f"the layout needs {needs.total} GPUs ({how}) but Ray sees {have:g}; run where the recipe's hardware is "
+            "(skyrl-glm train RECIPE --dry-run prints it) or scale the layout down"
+        )
+    return None

@@ -17,6 +17,7 @@ from typing import Any
 from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_path
 
 from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.sync.vllm.control import signed
 
 
 def _results(responses: Mapping[str, Any]) -> list[Any]:
@@ -35,7 +36,9 @@ class SkyRLServers:
     async def _rpc(self, method: str, *args: Any) -> list[Any]:
         # RemoteInferenceClient has no public collective_rpc; its control-plane fan-out is what SkyRL's own
         # LoRA receive target uses (set_lora_receive_target).
-        return _results(await self.client._call_all_servers("/collective_rpc", {"method": method, "args": list(args)}))
+        # Signed with the run's control key: the servers' workers refuse calls that are not the trainer's.
+        payload = {"method": method, "args": list(signed(method, args))}
+        return _results(await self.client._call_all_servers("/collective_rpc", payload))
 
     async def apply_update(self, manifest_json: str, handle: dict[str, Any], transport: str) -> UpdateResult:
         """Every worker receives and stages; all accepted -> load and commit, else discard what was staged."""

@@ -165,8 +165,12 @@ class GlmSyncMixin:
 
     @torch.no_grad()
     def skyrl_glm_restore_lora_b(self) -> int:
-        """Put back what :meth:`skyrl_glm_perturb_lora_b` saved (bit-exact); the optimizer state is untouched."""
-        backup, self._glm_backup = self._glm_backup or [], None
+        """Put back what :meth:`skyrl_glm_perturb_lora_b` saved (bit-exact); the optimizer state is untouched.
+        Nothing to put back (0) when no backup was taken: the check stopped before its perturbation, and the
+        reason it stopped must not be masked here."""
+        backup, self._glm_backup = self._glm_backup, None
+        if backup is None:
+            return 0
         params = [self._local(p) for p in self._glm_lora_b_params()]
         for p, saved in zip(params, backup, strict=True):
             p.copy_(saved)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from skyrl_glm.sync.aliases import AliasError, AliasRun, NameIndex, runs_from_json
+from skyrl_glm.sync.aliases import MAX_INDEX, AliasError, AliasRun, NameIndex, runs_from_json
 
 FORMAT = "skyrl-glm/lora-sync/3"
 ALIGN = 64  # byte alignment of every tensor in the packed stream
@@ -104,6 +104,14 @@ def pack_entries(items: Iterable[tuple[str, str, tuple[int, ...], int]]) -> tupl
 
 
 MAX_INT = 2**63 - 1  # versions, sizes and offsets must fit an int64 (vLLM serialises results with msgpack)
+# Caps checked before the work they bound (a full GLM-5.3 rank-32 update: 0.26 MB of JSON, 1,389 tensors, 116,292
+# public names of ~80 characters; SkyRL's explicit {public: sent} form of it is 17 MB): a peer cannot make the
+# receiver parse, index or build more than this, whatever it sends.
+MAX_MANIFEST_BYTES = 32 << 20  # characters of manifest JSON, checked before json.loads
+MAX_TENSORS = 1 << 16  # sent tensors, and alias runs
+MAX_ALIASES = 1 << 18  # explicit {public: sent} entries
+MAX_NAME_CHARS = 1024  # one tensor name, alias name, or run head / tail
+MAX_RUN_NAME_BYTES = 64 << 20  # characters of all public names the alias runs expand to
 _KIND = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
 _HEX = re.compile(r"[0-9a-f]*")
 
@@ -181,6 +189,42 @@ def _aliases(layout: dict[str, Any]) -> dict[str, str]:
         k, v = next((k, v) for k, v in aliases.items() if not isinstance(v, str))
         raise ManifestError(f"alias {k!r} must map to a string, got {type(v).__name__}")
     return aliases
+
+
+def _longest(names: Iterable[Any]) -> int:
+    return max((len(n) for n in names if isinstance(n, str)), default=0)
+
+
+def _check_caps(layout: dict[str, Any]) -> None:
+    """Counts and name lengths of a layout against the caps, before any entry is built or indexed (the types are
+    checked after: what is not a list or object here is refused there)."""
+    tensors, aliases, runs = (layout.get(k) for k in ("tensors", "aliases", "alias_runs"))
+    for key, value, cap in (("tensors", tensors, MAX_TENSORS), ("aliases", aliases, MAX_ALIASES)):
+        if isinstance(value, list | dict) and len(value) > cap:
+            raise ManifestError(f"manifest layout: {len(value)} {key} exceed the cap of {cap}")
+    if isinstance(runs, list) and len(runs) > MAX_TENSORS:
+        raise ManifestError(f"manifest layout: {len(runs)} alias runs exceed the cap of {MAX_TENSORS}")
+    rows = [r for r in tensors if isinstance(r, list) and r] if isinstance(tensors, list) else []
+    well_formed = [r for r in runs if isinstance(r, list) and len(r) == 5] if isinstance(runs, list) else []
+    longest = max(
+        _longest(r[0] for r in rows),
+        _longest(aliases) if isinstance(aliases, dict) else 0,
+        _longest(aliases.values()) if isinstance(aliases, dict) else 0,
+        _longest(part for r in well_formed for part in (r[0], r[3], r[4])),
+    )
+    if longest > MAX_NAME_CHARS:
+        raise ManifestError(f"manifest layout: a name of {longest} characters exceeds the cap of {MAX_NAME_CHARS}")
+    expanded = 0
+    for head, start, stop, tail, _ in well_formed:
+        ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (start, stop))
+        if ints and 0 <= start < stop <= MAX_INDEX:  # other ranges are refused by runs_from_json
+            if isinstance(head, str) and isinstance(tail, str):
+                expanded += (stop - start) * (len(head) + len(tail) + len(str(stop)) + 1)
+    if expanded > MAX_RUN_NAME_BYTES:
+        raise ManifestError(
+            f"manifest layout: alias runs expand to {expanded} characters of names, over the cap of "
+            f"{MAX_RUN_NAME_BYTES}"
+        )
 
 
 def _layout_key(layout: dict[str, Any]) -> bytes | None:
@@ -307,9 +351,11 @@ class Manifest:
         ``version``, ``checksums`` and ``extra`` are checked; any other layout is validated in full."""
         if not isinstance(text, str):
             raise ManifestError(f"manifest must be JSON text, got {type(text).__name__}")
+        if len(text) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"manifest of {len(text)} characters exceeds the cap of {MAX_MANIFEST_BYTES}")
         try:
             d = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as e:
+        except (ValueError, RecursionError) as e:  # ValueError: also an integer of more digits than Python converts
             raise ManifestError(f"manifest is not valid JSON: {e}") from None
         d = _object(d, "manifest")
         if d.get("format") != FORMAT:
@@ -336,6 +382,7 @@ class Manifest:
             m._check_update_fields()
         else:
             what = "manifest layout"
+            _check_caps(layout)
             try:
                 runs = runs_from_json(_field(layout, "alias_runs", list, what))
             except AliasError as e:

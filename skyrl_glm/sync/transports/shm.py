@@ -2,6 +2,9 @@
 
 The receiver opens only segments this transport creates (``skyrl_glm_<32 hex>`` under ``/dev/shm``), as regular
 files, without following links and without blocking: a handle naming another file, a FIFO or a device is refused.
+The name is not trusted: before any byte is read, the open segment must be owned by this user (who runs both the
+trainer and the sampler), writable by nobody else, have one link, the manifest's size, and that many bytes
+allocated (a sparse segment costs its maker nothing but would cost the receiver its full size to read).
 """
 
 from __future__ import annotations
@@ -33,8 +36,12 @@ def _unlink(name: str) -> None:
         os.unlink(os.path.join(SHM_DIR, name))
 
 
-def _open_segment(handle: dict[str, Any]) -> tuple[int, int]:
-    """``(fd, size)`` of the handle's segment, or :class:`TransportError`."""
+PAGE = mmap.PAGESIZE
+
+
+def _open_segment(handle: dict[str, Any], manifest: Manifest) -> int:
+    """An open fd of the handle's segment once it passed every check against ``manifest``, or
+    :class:`TransportError`."""
     name = handle.get("shm_name") if isinstance(handle, dict) else None
     if not isinstance(name, str) or not _SEGMENT.fullmatch(name):
         raise TransportError(f"handle names no segment of this transport: {name!r:.80}")
@@ -43,11 +50,29 @@ def _open_segment(handle: dict[str, Any]) -> tuple[int, int]:
         fd = os.open(os.path.join(SHM_DIR, name), flags)
     except OSError as e:
         raise TransportError(f"shared-memory segment {name!r} unreadable (sender gone?): {e}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    problem = _segment_problem(os.fstat(fd), manifest.total_bytes)
+    if problem:
         os.close(fd)
-        raise TransportError(f"{name!r} is not a shared-memory segment")
-    return fd, st.st_size
+        raise TransportError(f"shared-memory segment {name!r} refused: {problem}")
+    return fd
+
+
+def _segment_problem(st: os.stat_result, total_bytes: int) -> str | None:
+    """Why a segment is not one this user's sender staged for a stream of ``total_bytes`` (None if it is)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this user ({os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if st.st_nlink != 1:
+        return f"{st.st_nlink} links (a segment has one)"
+    if st.st_size != max(total_bytes, 1):
+        return f"holds {st.st_size} bytes, the manifest describes {total_bytes}"
+    allocated = st.st_blocks * 512
+    if allocated < total_bytes // PAGE * PAGE:  # the sender wrote every page it packed
+        return f"only {allocated} of its {st.st_size} bytes are allocated (sparse)"
+    return None
 
 
 class SharedMemoryTransport(Transport):
@@ -94,16 +119,13 @@ class SharedMemoryTransport(Transport):
             _unlink(name)
 
     def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
-        fd, size = _open_segment(handle)
-        os.close(fd)
-        return size
+        os.close(_open_segment(handle, manifest))
+        return manifest.total_bytes
 
     def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
         # Read the segment as a file (no mapping shared with the sender: the receiver's copy is private).
-        fd, size = _open_segment(handle)
+        fd = _open_segment(handle, manifest)
         try:
-            if size < manifest.total_bytes:
-                raise TransportError(f"segment holds {size} bytes, manifest needs {manifest.total_bytes}")
             # A CUDA staging buffer is filled through a pinned host bounce buffer.
             host = out if out.device.type == "cpu" else torch.empty_like(out, device="cpu", pin_memory=True)
             # One read(2) returns at most ~2 GiB on Linux: loop until the whole stream is in.

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.sync.vllm.control import signed
 from skyrl_glm.sync.vllm.engine import completion, engine_settings, greedy_params, prompt_logprobs, scoring_params
 from skyrl_glm.sync.vllm.versions import LoraVersions, Op, Steps, advance
 
@@ -56,7 +57,7 @@ class AsyncVllmEngineSampler(LoraVersions):
             return e
 
     async def _rpc(self, method: str, args: tuple[Any, ...]) -> Any:
-        return await self.engine.collective_rpc(method, args=args)
+        return await self.engine.collective_rpc(method, args=signed(method, args))
 
     async def _add_lora(self, request: Any) -> bool:
         return await self.engine.add_lora(request)

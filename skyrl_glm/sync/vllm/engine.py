@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.sync.vllm.control import sender_key, signed
 from skyrl_glm.sync.vllm.versions import LoraVersions, Op, drive
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ def engine_settings(
     from vllm.platforms import current_platform
 
     apply_engine_environment()
+    sender_key()  # the run's control key exists before the engine starts: its processes inherit the file name
     if current_platform.is_cpu():
         # On CPU "gpu_memory_utilization" reserves host memory; tiny test models need little KV cache.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -116,7 +118,7 @@ class VllmEngineSampler(LoraVersions):
             return e
 
     def _rpc(self, method: str, args: tuple[Any, ...]) -> Any:
-        return self.llm.collective_rpc(method, args=args)
+        return self.llm.collective_rpc(method, args=signed(method, args))
 
     def _add_lora(self, request: Any) -> bool:
         return self.llm.llm_engine.add_lora(request)

@@ -1,0 +1,145 @@
+"""Who may drive the receiver: every skyrl-glm control call carries an HMAC of itself under a per-run key.
+
+The vLLM workers' ``skyrl_glm_*`` methods are reachable by anyone who can reach ``collective_rpc`` (SkyRL's servers
+expose it over HTTP as ``/collective_rpc``, outside vLLM's API key). The process that starts the run makes a random
+key (:func:`sender_key`) in a file only its user can read (mode 0600 in a 0700 directory) and names the file in
+``SKYRL_GLM_CONTROL_KEY_FILE``; the engines and workers it starts inherit the name and read the key
+(:func:`receiver_key`). The key itself is never on a command line, in an environment variable or in a log.
+
+A call's first argument is ``HMAC-SHA256(key, JSON [method, args])`` (:func:`signed`); the worker recomputes it over
+what it received and compares with :func:`hmac.compare_digest` (:func:`verify`). A MAC rather than the key as a
+password: a call seen on the wire cannot be altered, and the receiver's own state (versions only grow, only names
+it staged can be committed or dropped) makes a replayed one a no-op.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+KEY_ENV = "SKYRL_GLM_CONTROL_KEY_FILE"
+KEY_BYTES = 32
+MAC_CHARS = 2 * hashlib.sha256().digest_size
+
+
+class ControlRefused(PermissionError):
+    """A control call that is not the trainer's, or not well-formed; the receiver's state is unchanged."""
+
+
+def _read_key(path: str) -> bytes:
+    """The key in ``path``: a regular file of this user, readable by nobody else, holding the hex key."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ControlRefused(f"control key file unreadable ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise ControlRefused("control key file is not a private file of this user (owner only, mode 0600)")
+        text = os.read(fd, 2 * KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        key = bytes.fromhex(text.decode("ascii"))
+    except ValueError:
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise ControlRefused("control key file does not hold a key")
+    return key
+
+
+_KEY: bytes | None = None
+
+
+def _make_key_file() -> str:
+    """A fresh key in a new private directory, removed when this process exits."""
+    directory = tempfile.mkdtemp(prefix="skyrl-glm-key-")  # mode 0700
+    atexit.register(shutil.rmtree, directory, True)
+    path = os.path.join(directory, "control.key")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(KEY_BYTES))
+    return path
+
+
+def sender_key() -> bytes:
+    """This run's key, made on first use when the environment names none (then the engines this process starts
+    next inherit its file name)."""
+    global _KEY
+    if _KEY is None:
+        path = os.environ.get(KEY_ENV)
+        if not path:
+            path = os.environ[KEY_ENV] = _make_key_file()
+        _KEY = _read_key(path)
+    return _KEY
+
+
+_RECEIVER_KEY: bytes | None = None
+
+
+def receiver_key() -> bytes:
+    """The key of the run that started this worker (read once; a worker never makes one)."""
+    global _RECEIVER_KEY
+    if _RECEIVER_KEY is None:
+        path = os.environ.get(KEY_ENV)
+        if not path:
+            raise ControlRefused(f"no control key: {KEY_ENV} is not set in this engine's environment")
+        _RECEIVER_KEY = _read_key(path)
+    return _RECEIVER_KEY
+
+
+@contextlib.contextmanager
+def run_key() -> Any:
+    """A key for one run (``skyrl-glm train``): made before anything starts, its file removed when the run ends."""
+    global _KEY
+    saved, saved_key = os.environ.get(KEY_ENV), _KEY
+    path = _make_key_file()
+    os.environ[KEY_ENV], _KEY = path, None
+    try:
+        yield path
+    finally:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        _KEY = saved_key
+        if saved is None:
+            os.environ.pop(KEY_ENV, None)
+        else:
+            os.environ[KEY_ENV] = saved
+
+
+def _mac(key: bytes, method: str, args: Sequence[Any]) -> str:
+    message = json.dumps([method, list(args)], sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+
+
+def signed(method: str, args: Sequence[Any]) -> tuple[Any, ...]:
+    """``args`` with this run's MAC of the call in front: what a ``skyrl_glm_*`` method is called with."""
+    return (_mac(sender_key(), method, args), *args)
+
+
+def verify(method: str, args: Sequence[Any], kwargs: dict[str, Any], arity: tuple[int, int]) -> tuple[Any, ...]:
+    """The call's arguments after its MAC, if the MAC is this run's for exactly this call; else
+    :class:`ControlRefused`. ``arity``: the least and most arguments the method takes after the MAC."""
+    if kwargs:
+        raise ControlRefused(f"{method}: keyword arguments are not accepted")
+    if not args or not isinstance(args[0], str) or len(args[0]) != MAC_CHARS:
+        raise ControlRefused(f"{method}: not signed with the run's control key")
+    rest = tuple(args[1:])
+    if not arity[0] <= len(rest) <= arity[1]:
+        raise ControlRefused(f"{method}: takes {arity[0]}..{arity[1]} arguments, got {len(rest)}")
+    try:
+        want = _mac(receiver_key(), method, rest)
+    except (TypeError, ValueError, RecursionError):
+        raise ControlRefused(f"{method}: arguments are not plain JSON data") from None
+    if not hmac.compare_digest(want, args[0]):
+        raise ControlRefused(f"{method}: not signed with the run's control key")
+    return rest

@@ -1,0 +1,89 @@
+"""Every bad recipe, override or value is refused by ``recipes validate`` and ``train --dry-run`` (the same checks
+``train`` runs before anything starts): one line naming the key, exit 2, no traceback.
+
+Each value here used to pass validation and fail only after Ray, the models and vLLM had started (or escaped as a
+traceback). In process (``skyrl_glm.cli.main``): an exception escaping would fail the test as a traceback would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skyrl_glm.cli import main
+from skyrl_glm.skyrl.config import MAX_BASE_DEPTH
+
+TINY = "tiny_cpu_grpo"
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    assert code == 2, out + err
+    assert len(lines) == 1, out + err
+    assert says in lines[0], lines[0]
+
+
+def _recipe(tmp_path: Path, name: str, text: str | bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("int-key.yaml", f"base: {TINY}\n1: 2\n", "1: a key must be a name, got int"),
+        ("bool-key.yaml", f"base: {TINY}\ntrue: 2\n", "True: a key must be a name, got bool"),
+        ("nested-int-key.yaml", f"base: {TINY}\ntrainer:\n  3: x\n", "trainer.3: a key must be a name"),
+        ("null-section.yaml", f"base: {TINY}\nskyrl_glm: null\n", "skyrl_glm: expected a section (mapping), got null"),
+        ("nan.yaml", f"base: {TINY}\nskyrl_glm:\n  check:\n    mean_tol: .nan\n", "mean_tol: expected a finite"),
+        ("inf.yaml", f"base: {TINY}\ntrainer:\n  policy:\n    optimizer_config:\n      lr: .inf\n", "lr: expected"),
+        ("not-utf8.yaml", b"# \xff\xfe\nbase: tiny_cpu_grpo\n", "unreadable YAML"),
+    ],
+)
+def test_a_bad_recipe_file_is_one_line(capsys, tmp_path, name, text, says):
+    _refused(capsys, ["recipes", "validate", _recipe(tmp_path, name, text)], says)
+
+
+def test_a_long_chain_of_bases_is_refused_before_python_recursion(capsys, tmp_path):
+    for i in range(1500):
+        _recipe(tmp_path, f"b{i}.yaml", f"base: b{i + 1}.yaml\n" if i < 1499 else f"base: {TINY}\n")
+    _refused(capsys, ["recipes", "validate", str(tmp_path / "b0.yaml")], f"more than {MAX_BASE_DEPTH} recipes composed")
+
+
+def test_recipes_show_of_a_non_utf8_file_is_one_line(capsys, tmp_path):
+    _refused(capsys, ["recipes", "show", _recipe(tmp_path, "x.yaml", b"\xff\xfe\n")], "unreadable recipe")
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("trainer.epochs=[1", "cannot read the overrides"),
+        ("skyrl_glm.check.mean_tol=.nan", "skyrl_glm.check.mean_tol: expected a finite number, got nan"),
+        ("skyrl_glm.check.max_tol=-.inf", "skyrl_glm.check.max_tol: expected a finite number"),
+        ("skyrl_glm.sync.bucket_mb=17592186044416", "skyrl_glm.sync.bucket_mb: must be in 1..65536"),
+        ("skyrl_glm.sync.transport=ipc", "skyrl_glm.sync.transport: ipc moves CUDA memory"),
+        ("skyrl_glm.check.scale=0", "skyrl_glm.check.scale: must be a finite number > 0"),
+        ("skyrl_glm.check.mean_tol=-1", "skyrl_glm.check.mean_tol: must be >= 0"),
+        ("skyrl_glm.check.num_probes=100000", "skyrl_glm.check.num_probes: must be in 1..256"),
+        ("skyrl_glm.check.probe_length=1000000", "skyrl_glm.check.probe_length: must be in 2..8192"),
+        ("skyrl_glm.check.decode_tokens=100000", "skyrl_glm.check.decode_tokens: must be in 1..1024"),
+        ("trainer.epochs=-3", "trainer.epochs: must be >= 1, got -3"),
+        ("trainer.train_batch_size=0", "trainer.train_batch_size: must be >= 1, got 0"),
+        ("generator.sampling_params.max_generate_length=0", "max_generate_length: must be >= 1, got 0"),
+        ("trainer.sequence_parallel_backend=ring", "SkyRL's validate_cfg refused the config: only ulysses"),
+    ],
+)
+@pytest.mark.parametrize("command", [["recipes", "validate", TINY], ["train", TINY, "--dry-run"]])
+def test_a_value_that_would_fail_after_start_is_refused_before(capsys, command, override, says):
+    items = override.split()  # one or more key=value
+    argv = [*command[:-1], *items, command[-1]] if command[-1] == "--dry-run" else [*command, *items]
+    _refused(capsys, argv, says)
+
+
+def test_the_tiny_recipe_itself_passes(capsys):
+    assert main(["recipes", "validate", TINY]) == 0
+    assert "ok tiny_cpu_grpo" in capsys.readouterr().out

@@ -1,0 +1,53 @@
+"""Each run's vLLM servers and router get ports of their own (two runs on one host raced for 8000 and 29000)."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from skyrl_glm.skyrl import ports
+
+
+def _cfg(engines: int = 1, dp: int = 1) -> SimpleNamespace:
+    engine = SimpleNamespace(num_engines=engines, data_parallel_size=dp)
+    return SimpleNamespace(generator=SimpleNamespace(inference_engine=engine))
+
+
+def test_a_taken_window_is_skipped():
+    first = ports.pick_start_port(2, random.Random(7))
+    with socket.socket() as held:  # another run's server holds the first port of that window
+        held.bind(("", first))
+        other = ports.pick_start_port(2, random.Random(7))
+    assert other != first
+    assert ports.LOW <= other < ports.HIGH and other % ports.STRIDE == 0
+
+
+def test_run_env_gives_every_server_and_the_router_a_window(monkeypatch):
+    monkeypatch.delenv(ports.PORT_ENV, raising=False)
+    env = ports.run_env(_cfg(engines=2, dp=2))
+    start, metrics = int(env[ports.PORT_ENV]), int(env[ports.ROUTER_METRICS_ENV])
+    assert metrics == start + 4 * ports.STRIDE  # after the 4 servers' windows
+    monkeypatch.setenv(ports.PORT_ENV, "12000")  # a start port the user chose is kept
+    assert ports.run_env(_cfg())[ports.PORT_ENV] == "12000"
+
+
+def test_use_run_ports_moves_skyrls_router_metrics_port(monkeypatch):
+    from skyrl.backends.skyrl_train.inference_servers.vllm_router import VLLMRouter
+
+    monkeypatch.setattr(VLLMRouter, "_DEFAULT_PROMETHEUS_PORT", VLLMRouter._DEFAULT_PROMETHEUS_PORT)
+    monkeypatch.setenv(ports.ROUTER_METRICS_ENV, "23456")
+    ports.use_run_ports()
+    assert VLLMRouter._DEFAULT_PROMETHEUS_PORT == 23456
+
+
+def test_skyrl_reads_the_server_start_port_from_the_environment():
+    """The SkyRL behaviour the run's window relies on (a SkyRL upgrade that drops it fails here)."""
+    code = "from skyrl.backends.skyrl_train.inference_servers import setup; print(setup.VLLM_START_PORT)"
+    port = "17300"
+    env = {**os.environ, ports.PORT_ENV: port}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == port, out.stderr[-2000:]

@@ -1,0 +1,75 @@
+"""``skyrl-glm train``'s exit codes (docs/exit-codes.md): what cannot start is refused before it starts (2), a run
+that fails after it started is one line with the log's path (3), never 1 (the handoff check's FAIL) nor a traceback.
+
+Each case runs the real command in a subprocess, as a user would; the two that start Ray stop within seconds of it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skyrl_glm.exit_codes import RUN_FAILED, root_cause, run_failed
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = "recipes/tiny_cpu_grpo.yaml"
+
+
+def _train(tmp_path: Path, model: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    paths = [f"trainer.{key}={tmp_path / key}" for key in ("export_path", "ckpt_path", "log_path")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [sys.executable, "-m", "skyrl_glm.cli", "train", RECIPE, f"trainer.policy.model.path={model}", *paths]
+    return subprocess.run([*cmd, *overrides], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
+def test_missing_data_is_refused_before_anything_starts(tmp_path, glm45_dir):
+    proc = _train(tmp_path, glm45_dir, f"data.train_data=['{tmp_path}/nothing.parquet']")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"skyrl-glm train: data.train_data: {tmp_path}/nothing.parquet: no such file "
+        "(skyrl-glm data prepare ... writes it)"
+    )
+    assert "Traceback" not in proc.stderr and "Ray" not in proc.stderr  # refused before Ray started
+
+
+@pytest.mark.slow
+def test_gpus_that_ray_does_not_see_are_refused_instead_of_waited_for(tmp_path, glm45_dir):
+    """Without CPU mode the layout asks Ray for real GPUs, which this machine has none of: Ray would wait forever."""
+    proc = _train(tmp_path, glm45_dir, "skyrl_glm.cpu=false", "trainer.logger=console", timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "skyrl-glm train: the layout needs 1 GPUs (colocated) but Ray sees 0" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_after_it_started_is_one_line_and_exit_3(tmp_path, glm45_dir):
+    """The data file exists but is no dataset: found by SkyRL after Ray and the experiment started."""
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("this is not json\n")
+    proc = _train(tmp_path, glm45_dir, f"data.train_data=['{garbage}']", f"data.val_data=['{garbage}']")
+    assert proc.returncode == RUN_FAILED, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    failed = [line for line in proc.stderr.splitlines() if line.startswith("skyrl-glm train: failed: ")]
+    assert len(failed) == 1 and f"(log: {tmp_path / 'log_path'}/infra-" in failed[0], proc.stderr[-3000:]
+
+
+def test_the_root_cause_behind_ray_wrappers_is_reported(capsys):
+    """Ray hands an actor's exception on wrapped (``RayTaskError.cause``), an actor inside a task twice."""
+
+    class Wrapped(Exception):
+        def __init__(self, cause: BaseException) -> None:
+            super().__init__(f"ray::task() (pid=1)\nTraceback ...\n{cause}")
+            self.cause = cause
+
+    sync = RuntimeError("skyrl-glm LoRA sync of version 3 failed: update rejected: checksum mismatch on 'x'")
+    assert root_cause(Wrapped(Wrapped(sync))) is sync
+    assert run_failed("skyrl-glm train", Wrapped(Wrapped(sync)), "/logs") == RUN_FAILED
+    err = capsys.readouterr().err
+    assert err == (
+        "skyrl-glm train: failed: RuntimeError: skyrl-glm LoRA sync of version 3 failed: update rejected: "
+        "checksum mismatch on 'x' (log: /logs)\n"
+    )
