@@ -82,7 +82,7 @@ def test_memory_sync_trains_two_grpo_steps_without_writing_an_adapter(tmp_path: 
     # ... and no adapter file was written: SkyRL's LoRA sync directory stays empty
     sync_dir = tmp_path / "lora_sync"
     assert not sync_dir.exists() or not any(sync_dir.iterdir()), list(sync_dir.iterdir())
-    # issue 12: the GLM reward scored the evals SkyRL dumped, and `skyrl-glm report` renders them (table + PNG)
+    # the GLM reward scored the evals SkyRL dumped, and `skyrl-glm report` renders them (table + PNG)
     report_run_dir(tmp_path / "export_path")
 
 
