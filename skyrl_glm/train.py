@@ -98,27 +98,18 @@ def _start_ray(cfg: Any) -> None:
     sync_registries()
 
 
-def show_progress() -> None:
-    """skyrl-glm's own INFO lines (syncs, checks) on stderr; other libraries keep their levels."""
-    logger = logging.getLogger("skyrl_glm")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[skyrl-glm] %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
 def _experiment(cfg: Any) -> dict[str, Any]:
     """Body of the Ray task that runs the experiment (SkyRL keeps the training loop off the driver)."""
-    show_progress()
+    from skyrl_glm.skyrl.run_log import log_to_stderr
+
+    log_to_stderr()
     from skyrl_glm.skyrl.experiment import GlmPPOExp
 
     return GlmPPOExp(cfg).run()
 
 
 def report_summary(cfg: Any, summary: dict[str, Any]) -> Path:
-    """Print the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json``."""
+    """Log the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json``."""
     import json
 
     syncs = [s["seconds"] for s in summary["syncs"]]
@@ -147,37 +138,102 @@ def report_summary(cfg: Any, summary: dict[str, Any]) -> Path:
     return path
 
 
-def run(cfg: Any) -> int:
-    """Run one training; 0 when it finished, 1 when the handoff check stopped it."""
+def opening_lines(cfg: Any, log_file: Path, verbose: bool) -> list[str]:
+    """What is about to run, and where its full log goes."""
+    from skyrl_glm.skyrl.config import resolved_transport
+
+    t, glm = cfg.trainer, cfg.skyrl_glm
+    steps = f"{t.max_training_steps} steps" if t.max_training_steps else f"{t.epochs} epoch(s)"
+    sync = f"{glm.sync.mode} via {resolved_transport(cfg)}" if glm.sync.mode == "memory" else "disk (SkyRL's)"
+    check = "before step 1" if glm.check.before_training else "off"
+    if glm.check.every_n_syncs:
+        check += f", agree every {glm.check.every_n_syncs} sync(s)"
+    shown = "shown here too" if verbose else "-v shows it here"
+    return [
+        f"training {t.policy.model.path} ({t.strategy}, {steps}); LoRA sync {sync}; handoff check {check}",
+        f"full log: {log_file} ({shown})",
+        "starting Ray, the policy workers and the vLLM server(s)",
+    ]
+
+
+def closing_lines(cfg: Any, summary: dict[str, Any], summary_file: Path, log_file: Path, seconds: float) -> list[str]:
+    """Where the run's outputs are: the summary JSON, the export directory, the logs, the report command."""
+    import shlex
+
+    syncs = [s["seconds"] for s in summary["syncs"]]
+    check = summary.get("check")
+    verdict = "off" if check is None else ("PASS" if check["passed"] else "FAIL")
+    agreed = sum(a["passed"] for a in summary["agree"])
+    export = Path(cfg.trainer.export_path).resolve()
+    lines = [
+        f"trained in {seconds:.0f} s: {len(syncs)} syncs ({summary['sync_mode']}, mean "
+        f"{sum(syncs) / max(len(syncs), 1):.3f} s), handoff check {verdict}, agree checks {agreed}/"
+        f"{len(summary['agree'])} ok",
+        f"  summary  {summary_file.resolve()}",
+        f"  export   {export}",
+        f"  log      {log_file}",
+    ]
+    infra = os.environ.get("SKYRL_LOG_FILE")
+    if infra and Path(infra).is_file():
+        lines.append(f"  workers  {infra} (vLLM and policy-worker logs)")
+    if cfg.trainer.dump_eval_results:
+        lines.append(f"  report   skyrl-glm report {shlex.quote(str(export))}")
+    else:
+        lines.append("  report   (set trainer.dump_eval_results=true to get evals for skyrl-glm report)")
+    return lines
+
+
+def run(cfg: Any, verbose: bool = False) -> int:
+    """Run one training; 0 when it finished, 1 when the handoff check stopped it. Everything the run prints goes
+    to a log file; the terminal gets progress lines (everything with ``verbose``) and where the outputs are."""
     import time
 
     import ray
 
     from skyrl_glm.skyrl.check import HandoffCheckFailed
+    from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER, RunLog
 
     log = logging.getLogger("skyrl_glm.train")
+    progress = logging.getLogger(PROGRESS_LOGGER)
+    stamp = time.strftime("%y%m%d_%H%M%S")
+    log_file = Path(cfg.trainer.log_path).resolve() / f"skyrl-glm-train-{stamp}-{os.getpid()}.log"
+    stopped: str | None = None
+    summary_file: Path | None = None
     t0 = time.perf_counter()
-    _start_ray(cfg)
-    t1 = time.perf_counter()
     try:
-        summary = ray.get(ray.remote(num_cpus=1)(_experiment).remote(cfg))
-    except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
-        report = e.args[0] if e.args else str(e)
-        print(f"skyrl-glm train: stopped by the handoff check:\n{report}", file=sys.stderr)
+        with RunLog(log_file, verbose):
+            for line in opening_lines(cfg, log_file, verbose):
+                progress.info(line)
+            _start_ray(cfg)
+            t1 = time.perf_counter()
+            try:
+                summary = ray.get(ray.remote(num_cpus=1)(_experiment).remote(cfg))
+                summary_file = report_summary(cfg, summary)
+            except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
+                stopped = e.args[0] if e.args else str(e)
+            finally:
+                t2 = time.perf_counter()
+                ray.shutdown()
+                ends = (t1 - t0, t2 - t1, time.perf_counter() - t2)
+                log.info("Ray start %.1f s, experiment %.1f s, Ray shutdown %.1f s", *ends)
+    except BaseException:
+        print(f"skyrl-glm train: failed; full log: {log_file}", file=sys.stderr)
+        raise
+    if stopped is not None or summary_file is None:
+        print(f"skyrl-glm train: stopped by the handoff check:\n{stopped}", file=sys.stderr)
+        print(f"full log: {log_file}", file=sys.stderr)
         return 1
-    finally:
-        t2 = time.perf_counter()
-        ray.shutdown()
-        log.info("Ray start %.1f s, experiment %.1f s, Ray shutdown %.1f s", t1 - t0, t2 - t1, time.perf_counter() - t2)
-    report_summary(cfg, summary)
+    for line in closing_lines(cfg, summary, summary_file, log_file, time.perf_counter() - t0):
+        print(line)
     return 0
 
 
-def run_command(args: Sequence[str]) -> int:
+def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
     from skyrl_glm.skyrl.config import ConfigError
+    from skyrl_glm.skyrl.run_log import log_to_stderr
 
-    show_progress()
+    log_to_stderr()
     try:
         cfg = build_config(args)
         from skyrl.train.utils import validate_cfg
@@ -186,12 +242,18 @@ def run_command(args: Sequence[str]) -> int:
     except (ConfigError, ValueError, AssertionError) as e:
         print(f"skyrl-glm train: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
-    return run(cfg)
+    return run(cfg, verbose)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """Entry of both doors. Exits itself: SkyRL's main_base drops the return value of an override entrypoint."""
-    sys.exit(run_command(sys.argv[1:] if argv is None else argv))
+    """Entry of both doors. Exits itself: SkyRL's main_base drops the return value of an override entrypoint.
+    Quiet unless SkyRL's own ``SKYRL_DUMP_INFRA_LOG_TO_STDOUT=1`` asks for every log line on the terminal."""
+    from skyrl.env_vars import SKYRL_DUMP_INFRA_LOG_TO_STDOUT as verbose
+
+    from skyrl_glm import quiet
+
+    quiet.configure(verbose)
+    sys.exit(run_command(sys.argv[1:] if argv is None else argv, verbose))
 
 
 if __name__ == "__main__":
