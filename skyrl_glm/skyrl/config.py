@@ -25,12 +25,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
 
+from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 from skyrl_glm.usage import UsageError
 
+AUTO_TRANSPORT = "auto"
 BASE_KEY = "base"
 COMMAND_LINE = "command line"
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -55,9 +57,9 @@ class SyncSection:
 
     mode: Literal["memory", "disk"] = "memory"
     """``memory``: skyrl-glm's plan -> transport -> receiver, no file written; ``disk``: SkyRL's own PEFT-file sync."""
-    transport: Literal["auto", "nccl", "ipc", "cpu"] = "auto"
-    """``auto``: ``ipc`` when colocated on GPUs, ``cpu`` (shared memory, same host) when the trainer is on one node,
-    else ``nccl``."""
+    transport: str = AUTO_TRANSPORT
+    """A registered transport (built-in: ``cpu``, ``ipc``, ``nccl``; plugins add theirs), or ``auto``: ``ipc`` when
+    colocated on GPUs, ``cpu`` (shared memory, same host) when the trainer is on one node, else ``nccl``."""
     verify: bool = True
     """Receiver checks checksums and finiteness of every tensor (structure is always checked)."""
     bucket_mb: int = DEFAULT_BUCKET_BYTES >> 20
@@ -67,8 +69,9 @@ class SyncSection:
     and sends nothing, so the sampler goes stale."""
 
     def __post_init__(self) -> None:
-        for name in ("mode", "transport", "fault"):
+        for name in ("mode", "fault"):
             _choice(f"skyrl_glm.sync.{name}", getattr(self, name), _literal_values(SyncSection, name))
+        _choice("skyrl_glm.sync.transport", self.transport, [AUTO_TRANSPORT, *sorted(registry().transports)])
         if self.bucket_mb < 1:
             raise ConfigError(f"skyrl_glm.sync.bucket_mb: must be >= 1, got {self.bucket_mb}")
 
@@ -145,7 +148,7 @@ def resolved_transport(cfg: Any) -> str:
     """``skyrl_glm.sync.transport`` with ``auto`` resolved: CUDA IPC when colocated on GPUs, shared memory when the
     trainer is on one node (CPU mode included), NCCL across nodes."""
     transport = cfg.skyrl_glm.sync.transport
-    if transport != "auto":
+    if transport != AUTO_TRANSPORT:
         return transport
     if cfg.trainer.placement.colocate_all and not cfg.skyrl_glm.cpu:
         return "ipc"
@@ -168,10 +171,11 @@ def check_consistency(cfg: Any) -> None:
                 "skyrl_glm.sync.mode: memory ships the adapter alone; set "
                 "trainer.policy.megatron_config.lora_config.merge_lora=false"
             )
-    if glm.sync.mode == "memory" and resolved_transport(cfg) == "nccl":
+    transport = resolved_transport(cfg)
+    if glm.sync.mode == "memory" and registry().transport(transport).needs_group:
         raise ConfigError(
-            "skyrl_glm.sync.transport: nccl inside SkyRL needs a process group with the vLLM workers, which is not "
-            "built yet; use ipc (colocated), cpu (trainer and vLLM on one host) or skyrl_glm.sync.mode=disk"
+            f"skyrl_glm.sync.transport: {transport} inside SkyRL needs a process group with the vLLM workers, which "
+            "is not built yet; use ipc (colocated), cpu (trainer and vLLM on one host) or skyrl_glm.sync.mode=disk"
         )
     if glm.sync.fault != "none" and glm.sync.mode != "memory":
         raise ConfigError(
