@@ -103,7 +103,7 @@ def test_broken_promises_refused(overrides, message):
 
 
 def test_dry_run_output_is_accepted_by_skyrl_parser(capsys):
-    assert dry_run("glm53_flash_dapo_math_2node", ["trainer.seed=7"]) == 0
+    assert dry_run("glm53_flash_dapo_math_2node", ["trainer.seed=7"], show_config=True) == 0
     out = capsys.readouterr().out
     config_text, _, tail = out.partition("# hardware:")
     resolved = yaml.safe_load(config_text)
