@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
 
+from skyrl_glm.check.algorithm import CheckConfig
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
@@ -99,13 +100,14 @@ class CheckSection:
     probe_length: int = 24
     prompt_length: int = 8
     decode_tokens: int = 4
-    seed: int = 0
-    mean_tol: float = 0.05
-    max_tol: float = 0.5
-    repeat_tol: float = 1e-6
-    scale: float = 0.05
+    # The check's own settings, with the defaults of the one record the CLI and the library use (CheckConfig).
+    seed: int = CheckConfig.seed
+    mean_tol: float = CheckConfig.mean_tol
+    max_tol: float = CheckConfig.max_tol
+    repeat_tol: float = CheckConfig.repeat_tol
+    scale: float = CheckConfig.scale
     """Perturbation of the trainer's LoRA B in step 2 (added to every element)."""
-    decode: bool = True
+    decode: bool = CheckConfig.decode
 
     def __post_init__(self) -> None:
         _choice("skyrl_glm.check.on_failure", self.on_failure, _literal_values(CheckSection, "on_failure"))
@@ -116,6 +118,21 @@ class CheckSection:
             raise ConfigError(
                 f"skyrl_glm.check.prompt_length: must be < probe_length ({self.probe_length}), got {self.prompt_length}"
             )
+        try:
+            self.check_config()
+        except UsageError as e:
+            raise ConfigError(f"skyrl_glm.check.{e}") from None
+
+    def check_config(self) -> CheckConfig:
+        """The algorithm's settings from this section."""
+        return CheckConfig(
+            mean_tol=self.mean_tol,
+            max_tol=self.max_tol,
+            repeat_tol=self.repeat_tol,
+            scale=self.scale,
+            seed=self.seed,
+            decode=self.decode,
+        )
 
 
 @dataclass

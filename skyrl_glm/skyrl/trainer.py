@@ -22,7 +22,7 @@ from rich.console import Console
 from skyrl.backends.skyrl_train.inference_servers.utils import resolve_policy_model_name
 from skyrl.train.trainer import RayPPOTrainer
 
-from skyrl_glm.check.algorithm import CheckConfig, CheckReport, Diff, StepResult, decode_diff, judge_agreement
+from skyrl_glm.check.algorithm import CheckReport, Diff, StepResult, decode_diff, judge_agreement
 from skyrl_glm.check.algorithm import run_check as run_five_steps
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
@@ -124,12 +124,6 @@ class GlmPPOTrainer(RayPPOTrainer):
             )
 
     # -- the check -------------------------------------------------------------------------------------
-    def _check_config(self) -> CheckConfig:
-        c = self.cfg.skyrl_glm.check
-        return CheckConfig(
-            mean_tol=c.mean_tol, max_tol=c.max_tol, repeat_tol=c.repeat_tol, scale=c.scale, seed=c.seed, decode=c.decode
-        )
-
     def _probes(self, seed: int) -> Probes:
         c = self.cfg.skyrl_glm.check
         return make_probes(
@@ -167,7 +161,7 @@ class GlmPPOTrainer(RayPPOTrainer):
                 sampler,
                 publisher,
                 self._probes(self.cfg.skyrl_glm.check.seed),
-                self._check_config(),
+                self.cfg.skyrl_glm.check.check_config(),
             )
         finally:
             restored = await asyncio.to_thread(trainer.restore_lora_b)
@@ -192,7 +186,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         """Step 1 alone on fresh probes: does the sampler serve what the trainer holds after this sync?"""
         trainer, sampler, _ = self._live()
         probes = self._probes(self.cfg.skyrl_glm.check.seed + self._glm_syncs)
-        config = self._check_config()
+        config = self.cfg.skyrl_glm.check.check_config()
 
         def agree() -> StepResult:
             t0 = time.perf_counter()
