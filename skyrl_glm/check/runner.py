@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, run_check
-from skyrl_glm.check.faults import FAULTS, inject
+from skyrl_glm.check.faults import FAULTS, NO_FAULT, inject
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
@@ -40,7 +40,7 @@ class CheckOptions:
     trainer: str = "hf"
     sampler: str = "vllm"
     transport: str = "cpu"
-    fault: str = "none"
+    fault: str = NO_FAULT
     lora_targets: list[str] | None = None
     allow_unsupported_targets: bool = False
     rank: int = 8

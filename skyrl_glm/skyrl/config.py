@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
 
 from skyrl_glm.check.algorithm import CheckConfig
+from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
@@ -65,13 +66,13 @@ class SyncSection:
     """Receiver checks checksums and finiteness of every tensor (structure is always checked)."""
     bucket_mb: int = DEFAULT_BUCKET_BYTES >> 20
     """Packed bucket size on the transport, MiB."""
-    fault: Literal["none", "no-publish"] = "none"
-    """Deliberately break the sync (for tests of the check): ``no-publish`` reports success after the first sync
-    and sends nothing, so the sampler goes stale."""
+    fault: str = NO_FAULT
+    """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries:
+    ``no-publish`` reports success after the first sync and sends nothing, so the sampler goes stale."""
 
     def __post_init__(self) -> None:
-        for name in ("mode", "fault"):
-            _choice(f"skyrl_glm.sync.{name}", getattr(self, name), _literal_values(SyncSection, name))
+        _choice("skyrl_glm.sync.mode", self.mode, _literal_values(SyncSection, "mode"))
+        _choice("skyrl_glm.sync.fault", self.fault, SKYRL_FAULTS)
         _choice("skyrl_glm.sync.transport", self.transport, [AUTO_TRANSPORT, *sorted(registry().transports)])
         if self.bucket_mb < 1:
             raise ConfigError(f"skyrl_glm.sync.bucket_mb: must be >= 1, got {self.bucket_mb}")
@@ -194,7 +195,7 @@ def check_consistency(cfg: Any) -> None:
             f"skyrl_glm.sync.transport: {transport} inside SkyRL needs a process group with the vLLM workers, which "
             "is not built yet; use ipc (colocated), cpu (trainer and vLLM on one host) or skyrl_glm.sync.mode=disk"
         )
-    if glm.sync.fault != "none" and glm.sync.mode != "memory":
+    if glm.sync.fault != NO_FAULT and glm.sync.mode != "memory":
         raise ConfigError(
             "skyrl_glm.sync.fault: faults are injected into the memory sync; set skyrl_glm.sync.mode=memory"
         )
