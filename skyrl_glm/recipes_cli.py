@@ -14,17 +14,11 @@ from typing import Any
 
 from rich.console import Console
 
+from skyrl_glm.usage import PROG, print_error
+
 console = Console(width=140, soft_wrap=True)
-err_console = Console(stderr=True, width=140)
 
 RAY_PORT = 6379
-
-
-def _error(message: str) -> int:
-    from rich.markup import escape
-
-    err_console.print(f"[bold red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
-    return 2
 
 
 def _quiet(args: argparse.Namespace | None) -> None:
@@ -140,7 +134,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     try:
         path = resolve_recipe(args.recipe)
     except _config_errors() as e:
-        return _error(str(e))
+        return print_error(PROG, str(e))
     console.print(f"[bold]{path}[/]", highlight=False)
     print(path.read_text(), end="")
     return 0
@@ -151,7 +145,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     try:
         cfg = _load(args.recipe, args.overrides)
     except _config_errors() as e:
-        return _error(str(e))
+        return print_error(PROG, str(e))
     console.print(f"[green]ok[/] {args.recipe}: {cfg.trainer.policy.model.path}", highlight=False)
     console.print(f"  hardware: {_hardware_line(cfg)}", highlight=False)
     console.print(f"  layout:   {_layout_line(cfg)}", highlight=False)
@@ -185,7 +179,7 @@ def dry_run(
     try:
         cfg = _load(recipe, overrides)
     except _config_errors() as e:
-        return _error(str(e))
+        return print_error(PROG, str(e))
     if show_config:
         print(config_yaml(cfg), end="")
     t, glm = cfg.trainer, cfg.skyrl_glm
@@ -226,10 +220,10 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
     try:
         out = prepare(args.dataset, args.input, Path(args.output), limit=args.limit)
     except (DataError, FileNotFoundError) as e:
-        return _error(str(e))
+        return print_error(PROG, str(e))
     except Exception as e:  # a datasets id that cannot be fetched, a corrupt parquet: one line, not a traceback
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return _error(f"{args.input}: cannot load ({type(e).__name__}: {first})")
+        return print_error(PROG, f"{args.input}: cannot load ({type(e).__name__}: {first})")
     console.print(
         f"wrote {out.path}: {out.rows_out} prompts ({out.rows_in} rows read, {out.duplicates} duplicates, "
         f"{out.conflicting} prompts with conflicting answers dropped)",
@@ -246,7 +240,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         points = collect(Path(args.run_dir))
     except ReportError as e:
-        return _error(str(e))
+        return print_error(PROG, str(e))
     print_table(points, console)
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(points), indent=2))
@@ -255,7 +249,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         console.print(f"wrote {plot(points, png)}", highlight=False)
     except ImportError:
-        return _error("the PNG needs matplotlib: pip install 'skyrl-glm[plot]' (the table above is complete)")
+        return print_error(PROG, "the PNG needs matplotlib: pip install 'skyrl-glm[plot]' (the table is complete)")
     return 0
 
 

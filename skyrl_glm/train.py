@@ -232,6 +232,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
     from skyrl_glm.skyrl.config import ConfigError
     from skyrl_glm.skyrl.run_log import log_to_stderr
+    from skyrl_glm.usage import PROG, print_error
 
     log_to_stderr()
     try:
@@ -240,8 +241,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
 
         validate_cfg(cfg)
     except (ConfigError, ValueError, AssertionError) as e:
-        print(f"skyrl-glm train: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
+        return print_error(f"{PROG} train", str(e).splitlines()[0] if str(e) else type(e).__name__)
     return run(cfg, verbose)
 
 

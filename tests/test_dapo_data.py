@@ -113,7 +113,7 @@ def test_cli_prepare_and_bad_input_exit_2(tmp_path, capsys):
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert err.startswith("skyrl-glm: error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
 
 
 def test_corrupt_input_is_one_line_on_the_real_stderr(tmp_path):
@@ -134,5 +134,6 @@ def test_corrupt_input_is_one_line_on_the_real_stderr(tmp_path):
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"skyrl-glm: error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
     assert not (tmp_path / "o").exists()

@@ -98,4 +98,4 @@ def test_report_bad_run_dirs(tmp_path, capsys, caplog):
     for run_dir in (tmp_path, tmp_path / "missing"):
         assert main(["report", str(run_dir)]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error:") and len(err.splitlines()) == 1, err
+        assert err.startswith("skyrl-glm: error:") and len(err.splitlines()) == 1, err

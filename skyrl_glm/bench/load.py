@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 from skyrl_glm import strict_json
 from skyrl_glm.plugins import registry
-from skyrl_glm.usage import UsageError, positive_int, writable_file
+from skyrl_glm.usage import PROG, UsageError, positive_int, print_error, writable_file
 
 STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("write_s", "load_s", "total_s")}
 
@@ -108,8 +107,7 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
         if args.json:
             writable_file("--json", args.json)
     except UsageError as e:
-        print(f"skyrl-glm bench load: error: {e}", file=sys.stderr)
-        return 2
+        return print_error(f"{PROG} bench load", e)
     report = run_load_bench(args.model, args.rounds, args.warmup, args.rank)
     print_load_report(report)
     if args.json:
