@@ -17,7 +17,7 @@ from rich.table import Table
 
 from skyrl_glm import quiet
 from skyrl_glm.plugins import registry
-from skyrl_glm.usage import UsageError, name_list, one_line, writable_dir
+from skyrl_glm.usage import PROG, UsageError, name_list, print_error, writable_dir
 
 console = Console(width=140)
 
@@ -55,11 +55,11 @@ class _Parser(argparse.ArgumentParser):
     """Argument errors as one line (argparse prints the whole usage first); subcommand parsers inherit this."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+        self.exit(print_error(self.prog, f"{message} (see --help)"))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="skyrl-glm", description=__doc__)
+    parser = _Parser(prog=PROG, description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -105,8 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
-        print(f"skyrl-glm: error: {one_line(e)}", file=sys.stderr)
-        return 2
+        return print_error(PROG, e)
 
 
 if __name__ == "__main__":

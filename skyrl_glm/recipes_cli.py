@@ -7,23 +7,18 @@ Bad input (unknown recipe, bad key, wrong type) is one ``error:`` line and exit 
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from skyrl_glm.usage import PROG, print_error
+
 console = Console(width=140, soft_wrap=True)
-err_console = Console(stderr=True, width=140)
 
 RAY_PORT = 6379
-
-
-def _error(message: str) -> int:
-    from rich.markup import escape
-
-    err_console.print(f"[bold red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
-    return 2
 
 
 def _quiet(args: argparse.Namespace | None) -> None:
@@ -56,11 +51,17 @@ def _load(recipe: str, overrides: list[str]) -> Any:
     return load_config(recipe, overrides)
 
 
-def _first_comment(path: Path) -> str:
+def summary_sentence(path: Path) -> str:
+    """The first sentence of a recipe's opening comment (it may span several comment lines)."""
+    words: list[str] = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
+        text = line.removeprefix("#")
+        if not line.startswith("#") or not text.strip() or text.startswith("   "):  # blank or an indented example
+            break
+        words += text.split()
+    paragraph = " ".join(words)
+    end = re.search(r"\.(\s|$)", paragraph)
+    return paragraph[: end.start() + 1] if end else paragraph
 
 
 def _hardware_line(cfg: Any) -> str:
@@ -122,7 +123,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             model = model or "(a base for other recipes)"
         except _config_errors() as e:
             model, hardware = "-", f"does not build: {e}"
-        table.add_row(name, model, hardware, _first_comment(path))
+        table.add_row(name, model, hardware, summary_sentence(path))
     console.print(table)
     return 0
 
@@ -134,9 +135,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
         path = resolve_recipe(args.recipe)
         text = path.read_text(encoding="utf-8")
     except _config_errors() as e:
-        return _error(str(e))
+        return print_error(PROG, str(e))
     except (OSError, UnicodeDecodeError) as e:
-        return _error(f"{args.recipe}: unreadable recipe ({e})")
+        return print_error(PROG, f"{args.recipe}: unreadable recipe ({e})")
     console.print(f"[bold]{path}[/]", highlight=False)
     print(text, end="")
     return 0
@@ -147,7 +148,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     try:
         cfg = _load(args.recipe, args.overrides)
     except _config_errors() as e:
-        return _error(str(e))
+        return print_error(PROG, str(e))
     console.print(f"[green]ok[/] {args.recipe}: {cfg.trainer.policy.model.path}", highlight=False)
     console.print(f"  hardware: {_hardware_line(cfg)}", highlight=False)
     console.print(f"  layout:   {_layout_line(cfg)}", highlight=False)
@@ -169,28 +170,43 @@ def launch_commands(recipe: str, overrides: list[str], cfg: Any) -> dict[str, li
     return {single: [train], f"multi-node Ray ({nodes} nodes)": multi}
 
 
-def dry_run(recipe: str, overrides: list[str], args: argparse.Namespace | None = None) -> int:
-    """``skyrl-glm train RECIPE [k=v ...] --dry-run``: the resolved config, the hardware and the launch commands;
-    nothing is started (no Ray, no engine, no model load)."""
+def dry_run(
+    recipe: str, overrides: list[str], args: argparse.Namespace | None = None, show_config: bool = False
+) -> int:
+    """``skyrl-glm train RECIPE [k=v ...] --dry-run``: what would run (model, hardware, layout, steps, sync and
+    check, data, outputs) and the launch commands; with ``show_config`` the full resolved config first. Nothing is
+    started (no Ray, no engine, no model load). Every summary line is a YAML comment, so the output stays YAML."""
     from skyrl_glm.skyrl.config import config_yaml
 
     _quiet(args)
     try:
         cfg = _load(recipe, overrides)
     except _config_errors() as e:
-        return _error(str(e))
-    print(config_yaml(cfg), end="")
-    console.print(f"[bold]# hardware:[/] {_hardware_line(cfg)}", highlight=False)
-    console.print(f"[bold]# layout:[/]   {_layout_line(cfg)}", highlight=False)
-    for role, files in (("train", cfg.data.train_data), ("eval", cfg.data.val_data)):
+        return print_error(PROG, str(e))
+    if show_config:
+        print(config_yaml(cfg), end="")
+    t, glm = cfg.trainer, cfg.skyrl_glm
+    steps = f"{t.max_training_steps} steps" if t.max_training_steps else f"{t.epochs} epoch(s)"
+    check = "off" if not glm.check.before_training else f"before step 1, agree every {glm.check.every_n_syncs} sync(s)"
+    lines = [
+        ("model", f"{t.policy.model.path} ({t.strategy})"),
+        ("hardware", _hardware_line(cfg)),
+        ("layout", _layout_line(cfg)),
+        ("training", f"{steps}, {t.train_batch_size} prompts x {cfg.generator.n_samples_per_prompt} samples per step"),
+        ("check", f"{check}; on failure {glm.check.on_failure}"),
+    ]
+    for role, files in (("train data", cfg.data.train_data), ("eval data", cfg.data.val_data)):
         for f in files:
-            state = "present" if Path(f).exists() else "missing (skyrl-glm data prepare ...)"
-            console.print(f"[bold]# {role} data:[/] {f}: {state}", highlight=False)
-    for where, lines in launch_commands(recipe, overrides, cfg).items():
+            lines.append((role, f"{f}: " + ("present" if Path(f).exists() else "missing (skyrl-glm data prepare ...)")))
+    lines += [("export", t.export_path), ("logs", t.log_path)]
+    for key, value in lines:
+        console.print(f"[bold]# {key}:[/] {value}", highlight=False)
+    for where, commands in launch_commands(recipe, overrides, cfg).items():
         console.print(f"[bold]# launch, {where}:[/]", highlight=False)
-        for line in lines:
+        for line in commands:
             print(line)
-    console.print("# dry run: nothing was started", highlight=False)
+    shown = "" if show_config else " (--show-config or -v: the full resolved config)"
+    console.print(f"# dry run: nothing was started{shown}", highlight=False)
     return 0
 
 

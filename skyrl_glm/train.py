@@ -102,20 +102,11 @@ def _start_ray(cfg: Any, run_env: dict[str, str]) -> None:
     sync_registries()
 
 
-def show_progress() -> None:
-    """skyrl-glm's own INFO lines (syncs, checks) on stderr; other libraries keep their levels."""
-    logger = logging.getLogger("skyrl_glm")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[skyrl-glm] %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
 def _experiment(cfg: Any) -> dict[str, Any]:
     """Body of the Ray task that runs the experiment (SkyRL keeps the training loop off the driver)."""
-    show_progress()
+    from skyrl_glm.skyrl.run_log import log_to_stderr
+
+    log_to_stderr()
     from skyrl_glm.skyrl.experiment import GlmPPOExp
     from skyrl_glm.skyrl.ports import use_run_ports
 
@@ -125,7 +116,7 @@ def _experiment(cfg: Any) -> dict[str, Any]:
 
 
 def report_summary(cfg: Any, summary: dict[str, Any]) -> Path:
-    """Print the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json``."""
+    """Log the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json``."""
     import json
 
     syncs = [s["seconds"] for s in summary["syncs"]]
@@ -154,17 +145,63 @@ def report_summary(cfg: Any, summary: dict[str, Any]) -> Path:
     return path
 
 
-def run(cfg: Any) -> int:
+def opening_lines(cfg: Any, log_file: Path, verbose: bool) -> list[str]:
+    """What is about to run, and where its full log goes."""
+    from skyrl_glm.skyrl.config import resolved_transport
+
+    t, glm = cfg.trainer, cfg.skyrl_glm
+    steps = f"{t.max_training_steps} steps" if t.max_training_steps else f"{t.epochs} epoch(s)"
+    sync = f"{glm.sync.mode} via {resolved_transport(cfg)}" if glm.sync.mode == "memory" else "disk (SkyRL's)"
+    check = "before step 1" if glm.check.before_training else "off"
+    if glm.check.every_n_syncs:
+        check += f", agree every {glm.check.every_n_syncs} sync(s)"
+    shown = "shown here too" if verbose else "-v shows it here"
+    return [
+        f"training {t.policy.model.path} ({t.strategy}, {steps}); LoRA sync {sync}; handoff check {check}",
+        f"full log: {log_file} ({shown})",
+        "starting Ray, the policy workers and the vLLM server(s)",
+    ]
+
+
+def closing_lines(cfg: Any, summary: dict[str, Any], summary_file: Path, log_file: Path, seconds: float) -> list[str]:
+    """Where the run's outputs are: the summary JSON, the export directory, the logs, the report command."""
+    import shlex
+
+    syncs = [s["seconds"] for s in summary["syncs"]]
+    check = summary.get("check")
+    verdict = "off" if check is None else ("PASS" if check["passed"] else "FAIL")
+    agreed = sum(a["passed"] for a in summary["agree"])
+    export = Path(cfg.trainer.export_path).resolve()
+    lines = [
+        f"trained in {seconds:.0f} s: {len(syncs)} syncs ({summary['sync_mode']}, mean "
+        f"{sum(syncs) / max(len(syncs), 1):.3f} s), handoff check {verdict}, agree checks {agreed}/"
+        f"{len(summary['agree'])} ok",
+        f"  summary  {summary_file.resolve()}",
+        f"  export   {export}",
+        f"  log      {log_file}",
+    ]
+    infra = os.environ.get("SKYRL_LOG_FILE")
+    if infra and Path(infra).is_file():
+        lines.append(f"  workers  {infra} (vLLM and policy-worker logs)")
+    if cfg.trainer.dump_eval_results:
+        lines.append(f"  report   skyrl-glm report {shlex.quote(str(export))}")
+    else:
+        lines.append("  report   (set trainer.dump_eval_results=true to get evals for skyrl-glm report)")
+    return lines
+
+
+def run(cfg: Any, verbose: bool = False) -> int:
     """Run one training; an exit code of :mod:`skyrl_glm.exit_codes` (0 finished, 1 stopped by the handoff check,
-    2 Ray lacks the GPUs the layout needs, 3 failed on the way)."""
+    2 Ray lacks the GPUs the layout needs, 3 failed on the way). Everything the run prints goes to a log file; the
+    terminal gets progress lines (everything with ``verbose``) and where the outputs are."""
     from skyrl_glm.skyrl.ports import run_env
     from skyrl_glm.sync.vllm.control import KEY_ENV, run_key
 
     with run_key() as key_file:  # the run's control key: the trainer and the vLLM workers it starts hold it
-        return _run(cfg, {KEY_ENV: key_file, **run_env(cfg)})
+        return _run(cfg, {KEY_ENV: key_file, **run_env(cfg)}, verbose)
 
 
-def _run(cfg: Any, env: dict[str, str]) -> int:
+def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
     import time
 
     import ray
@@ -172,35 +209,59 @@ def _run(cfg: Any, env: dict[str, str]) -> int:
     from skyrl_glm import exit_codes
     from skyrl_glm.skyrl.check import HandoffCheckFailed
     from skyrl_glm.skyrl.hardware import ray_shortfall
+    from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER, RunLog
 
     log = logging.getLogger("skyrl_glm.train")
+    progress = logging.getLogger(PROGRESS_LOGGER)
+    stamp = time.strftime("%y%m%d_%H%M%S")
+    log_file = Path(cfg.trainer.log_path).resolve() / f"skyrl-glm-train-{stamp}-{os.getpid()}.log"
+    summary_file: Path | None = None
+    shortfall: str | None = None
+    stopped: str | None = None
     t0 = time.perf_counter()
-    _start_ray(cfg, env)
-    t1 = time.perf_counter()
     try:
-        if problem := ray_shortfall(cfg, ray.cluster_resources()):
-            print(f"skyrl-glm train: {problem}", file=sys.stderr)
-            return exit_codes.USAGE
-        summary = ray.get(ray.remote(num_cpus=1)(_experiment).remote(cfg))
-    except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
-        report = e.args[0] if e.args else str(e)
-        print(f"skyrl-glm train: stopped by the handoff check:\n{report}", file=sys.stderr)
+        # Inside RunLog this process's stdout and stderr go to the log file: what the terminal must see is
+        # printed after it.
+        with RunLog(log_file, verbose):
+            for line in opening_lines(cfg, log_file, verbose):
+                progress.info(line)
+            _start_ray(cfg, env)
+            t1 = time.perf_counter()
+            try:
+                if (shortfall := ray_shortfall(cfg, ray.cluster_resources())) is None:
+                    summary = ray.get(ray.remote(num_cpus=1)(_experiment).remote(cfg))
+                    summary_file = report_summary(cfg, summary)
+            except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
+                stopped = e.args[0] if e.args else str(e)
+            except Exception:
+                log.exception("the run failed")  # the traceback, into the log file
+                raise
+            finally:
+                t2 = time.perf_counter()
+                ray.shutdown()
+                ends = (t1 - t0, t2 - t1, time.perf_counter() - t2)
+                log.info("Ray start %.1f s, experiment %.1f s, Ray shutdown %.1f s", *ends)
+    except Exception as e:  # noqa: BLE001 - one line and the log's path; the traceback is in the log
+        return exit_codes.run_failed("skyrl-glm train", e, str(log_file))
+    if shortfall is not None:
+        print(f"skyrl-glm train: {shortfall}", file=sys.stderr)
+        return exit_codes.USAGE
+    if stopped is not None or summary_file is None:
+        print(f"skyrl-glm train: stopped by the handoff check:\n{stopped}", file=sys.stderr)
+        print(f"full log: {log_file}", file=sys.stderr)
         return exit_codes.CHECK_FAILED
-    except Exception as e:  # noqa: BLE001 - one line and the log's path; the traceback goes to the log
-        return exit_codes.run_failed("skyrl-glm train", e, os.environ.get("SKYRL_LOG_FILE") or cfg.trainer.log_path)
-    finally:
-        t2 = time.perf_counter()
-        ray.shutdown()
-        log.info("Ray start %.1f s, experiment %.1f s, Ray shutdown %.1f s", t1 - t0, t2 - t1, time.perf_counter() - t2)
-    report_summary(cfg, summary)
+    for line in closing_lines(cfg, summary, summary_file, log_file, time.perf_counter() - t0):
+        print(line)
     return 0
 
 
-def run_command(args: Sequence[str]) -> int:
+def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
     from skyrl_glm.skyrl.config import ConfigError, missing_data
+    from skyrl_glm.skyrl.run_log import log_to_stderr
+    from skyrl_glm.usage import PROG, print_error
 
-    show_progress()
+    log_to_stderr()
     try:
         cfg = build_config(args)  # skyrl-glm's checks and SkyRL's validate_cfg on a copy (config.validate)
         from skyrl.train.utils import validate_cfg
@@ -209,14 +270,19 @@ def run_command(args: Sequence[str]) -> int:
         if problem := missing_data(cfg):
             raise ConfigError(problem)
     except (ConfigError, ValueError, AssertionError) as e:
-        print(f"skyrl-glm train: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
-    return run(cfg)
+        return print_error(f"{PROG} train", str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return run(cfg, verbose)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """Entry of both doors. Exits itself: SkyRL's main_base drops the return value of an override entrypoint."""
-    sys.exit(run_command(sys.argv[1:] if argv is None else argv))
+    """Entry of both doors. Exits itself: SkyRL's main_base drops the return value of an override entrypoint.
+    Quiet unless SkyRL's own ``SKYRL_DUMP_INFRA_LOG_TO_STDOUT=1`` asks for every log line on the terminal."""
+    from skyrl.env_vars import SKYRL_DUMP_INFRA_LOG_TO_STDOUT as verbose
+
+    from skyrl_glm import quiet
+
+    quiet.configure(verbose)
+    sys.exit(run_command(sys.argv[1:] if argv is None else argv, verbose))
 
 
 if __name__ == "__main__":

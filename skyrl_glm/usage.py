@@ -8,8 +8,11 @@ Kept free of heavy imports: the CLI's argument checks use it before torch or vLL
 from __future__ import annotations
 
 import math
+import sys
 import tempfile
 from pathlib import Path
+
+PROG = "skyrl-glm"
 
 
 class UsageError(ValueError):
@@ -19,6 +22,13 @@ class UsageError(ValueError):
 def one_line(message: object) -> str:
     """The message with its line breaks and runs of spaces folded: an error is reported on one line."""
     return " ".join(str(message).split())
+
+
+def print_error(prog: str, message: object) -> int:
+    """The one way a command reports bad input: ``<prog>: error: <message>`` on one line of stderr. Returns 2,
+    the exit code of bad input."""
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+    return 2
 
 
 def positive_int(option: str, value: int) -> int:

@@ -192,7 +192,7 @@ def test_cli_train_dry_run(capsys):
     assert not ray.is_initialized()
     assert main(["train", "glm53_dapo_math", "trainer.sed=3", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: command line: trainer.sed: unknown key (did you mean trainer.seed?)"
+    assert err == "skyrl-glm: error: command line: trainer.sed: unknown key (did you mean trainer.seed?)"
 
 
 def test_cli_validate_show_list(tmp_path, capsys):
@@ -221,7 +221,7 @@ def test_cli_validate_show_list(tmp_path, capsys):
 def test_cli_bad_input_one_line_exit_2(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("skyrl-glm: error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
 
 
 def test_train_refuses_a_target_the_sampler_ignores_before_starting_anything(capsys):

@@ -1,4 +1,4 @@
-"""Multi-rank routing (issue 7, CPU part): EP-sharded sender ranks -> TP-sharded receiver ranks.
+"""Multi-rank routing (CPU part): EP-sharded sender ranks -> TP-sharded receiver ranks.
 
 Unit tests of the pure plan (sharding rules, name resolution, cross-rank ownership, routes, per-receiver manifests),
 an in-process loopback execution through the real AdapterReceiver, and the 8-process run (4 sender ranks holding an

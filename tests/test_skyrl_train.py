@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/tiny_cpu_grpo.yaml"
 SECONDS_PER_SYNC: dict[str, list[float]] = {}
+DISK_LORA_WARNING = "saves LoRA adapters to disk"  # SkyRL's warning when trainer and vLLM are not colocated
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,29 @@ def tail(proc: subprocess.CompletedProcess[str]) -> str:
     return (proc.stdout + proc.stderr)[-6000:]
 
 
+def run_log(tmp: Path) -> str:
+    """The run's full log (SkyRL's, Ray's and vLLM's lines; the terminal shows progress lines only)."""
+    (log,) = (tmp / "log_path").glob("skyrl-glm-train-*.log")
+    return log.read_text()
+
+
+def assert_quiet_with_outputs_named(proc: subprocess.CompletedProcess[str], tmp: Path) -> None:
+    """At most 40 lines, one per step, and an end that says where the summary, export, log and report are."""
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert len(lines) <= 40, "\n".join(lines)
+    assert any(line.startswith("step 1/2: reward ") for line in lines) and any(
+        line.startswith("step 2/2: reward ") and "agree check ok" in line for line in lines
+    ), lines
+    out = proc.stdout.splitlines()
+    end = out[next(i for i, line in enumerate(out) if line.startswith("trained in ")) :]
+    assert "handoff check PASS, agree checks 2/2 ok" in end[0], end
+    (log,) = (tmp / "log_path").glob("skyrl-glm-train-*.log")
+    assert f"  summary  {tmp / 'log_path' / 'skyrl_glm_summary.json'}" in end
+    assert f"  export   {tmp / 'export_path'}" in end and f"  log      {log}" in end
+    assert f"  report   skyrl-glm report {tmp / 'export_path'}" in end
+    assert "Finished: 'step'" in log.read_text()  # SkyRL's own lines are all in the log file
+
+
 def assert_trained_and_checked(summary: dict[str, Any], mode: str) -> None:
     assert summary["sync_mode"] == mode
     # one sync before step 1, one after each of the 2 steps
@@ -80,6 +104,9 @@ def test_memory_sync_trains_two_grpo_steps_without_writing_an_adapter(tmp_path: 
     assert proc.returncode == 0, tail(proc)
     assert summary is not None
     assert_trained_and_checked(summary, "memory")
+    assert_quiet_with_outputs_named(proc, tmp_path)
+    # SkyRL's warning that LoRA adapters are saved to disk is false here (the disk run below shows it is true there)
+    assert DISK_LORA_WARNING not in run_log(tmp_path)
     # every sync went through skyrl-glm's publisher (versions count up, plan and receive timed) ...
     assert [s["version"] for s in summary["syncs"]] == sorted(s["version"] for s in summary["syncs"])
     assert all(s["ok"] and s["receive_s"] > 0 and s["transport"] == "nccl" for s in summary["syncs"])
@@ -122,7 +149,7 @@ def report_run_dir(export: Path) -> None:
 
 def test_disk_sync_runs_the_same_recipe(tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Sampling at T=0.7 as well: SkyRL's trainer divides logits by it and vLLM's logprobs are raw, so the check must
-    # score at T=1.0 to agree at the recipe's 1e-2 tolerance (at T=0.7 the gap was 0.68-0.90 in the probe).
+    # score at T=1.0 to agree at the recipe's 1e-2 tolerance (at T=0.7 the gap was 0.68-0.90).
     # Through SkyRL's own entrypoint: `main_base trainer.override_entrypoint=skyrl_glm.train`.
     proc, summary = train(
         tmp_path,
@@ -135,6 +162,8 @@ def test_disk_sync_runs_the_same_recipe(tmp_path: Path, model_cache: Path, capsy
     assert summary is not None
     assert_trained_and_checked(summary, "disk")
     assert (tmp_path / "lora_sync" / "adapter_model.safetensors").is_file()  # SkyRL's own file sync ran
+    assert_quiet_with_outputs_named(proc, tmp_path)  # SkyRL's door is as quiet
+    assert DISK_LORA_WARNING in run_log(tmp_path)  # true with SkyRL's file sync, so not filtered
     with capsys.disabled():
         for mode, seconds in SECONDS_PER_SYNC.items():
             print(f"\n[skyrl-glm] {mode} sync, seconds per sync: {' '.join(f'{s:.3f}' for s in seconds)}")
@@ -147,4 +176,5 @@ def test_a_broken_sync_aborts_at_the_first_check_with_the_report(tmp_path: Path,
     assert "stopped by the handoff check" in proc.stderr, tail(proc)
     report = proc.stderr[proc.stderr.index("stopped by the handoff check") :]
     assert "five-step handoff check" in report and "FAIL at step 5 (agree again)" in report, report
-    assert "Finished: 'step'" not in proc.stdout + proc.stderr  # no training step ran
+    assert "Finished: 'step'" not in run_log(tmp_path)  # no training step ran
+    assert proc.stderr.splitlines()[-1].startswith("full log: "), tail(proc)

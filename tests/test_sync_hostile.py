@@ -1,4 +1,4 @@
-"""Hostile or broken updates against the receiver, the transports and the publisher (issue 10, sync defects 1, 3-7).
+"""Hostile or broken updates against the receiver, the transports and the publisher.
 
 Each case is one rejection with a reason (never another exception type, never a hang); nothing is allocated or
 opened on the say-so of the manifest or the handle; nothing the sender staged outlives a failed send.

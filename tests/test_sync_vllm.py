@@ -84,7 +84,7 @@ def test_bad_updates_are_rejected_and_the_old_adapter_keeps_serving(glm45_traine
         "lora_alpha": lambda: _tamper_alpha(publisher, adapter, config, versions.next()),
         "missing": lambda: _drop_one(publisher, adapter, config, versions.next()),
         "shape mismatch": lambda: with_tensor(q_b, adapter[q_b][:, :4].clone()),
-        # hostile manifests straight to the engine (issue 10): each one rejection, the engine keeps serving
+        # hostile manifests straight to the engine: each one rejection, the engine keeps serving
         "outside 0..2**63-1": lambda: _raw(publisher, adapter, config, lambda d: d.update(version=2**63)),
         "must be an integer, got str": lambda: _raw(publisher, adapter, config, lambda d: d.update(version="99")),
         "must be an integer, got float": lambda: _raw(publisher, adapter, config, lambda d: d.update(version=99.5)),

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from typing import Any
 
 from skyrl_glm import strict_json
 from skyrl_glm.bench import load as load_bench
 from skyrl_glm.plugins import registry
-from skyrl_glm.usage import UsageError, writable_file
+from skyrl_glm.usage import PROG, UsageError, print_error, writable_file
 
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
 EXPORTERS = ("resident", "bridge-stream")
@@ -70,8 +69,7 @@ def argument_error(args: argparse.Namespace) -> str | None:
 def _cmd_bench_sync(args: argparse.Namespace) -> int:
     error = argument_error(args)
     if error is not None:
-        print(f"skyrl-glm bench sync: error: {error}", file=sys.stderr)
-        return 2
+        return print_error(f"{PROG} bench sync", error)
     from skyrl_glm.bench.report import plot_report, print_report
     from skyrl_glm.bench.run import run_sync_bench
     from skyrl_glm.bench.synthetic import BenchOptions

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from skyrl_glm import strict_json
 from skyrl_glm.check.runner import check_device
 from skyrl_glm.plugins import registry
 from skyrl_glm.provenance import provenance
-from skyrl_glm.usage import UsageError, positive_int, writable_file
+from skyrl_glm.usage import PROG, UsageError, positive_int, print_error, writable_file
 
 STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("write_s", "load_s", "total_s")}
 
@@ -231,8 +230,7 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
         if args.json:
             writable_file("--json", args.json)
     except UsageError as e:
-        print(f"skyrl-glm bench load: error: {e}", file=sys.stderr)
-        return 2
+        return print_error(f"{PROG} bench load", e)
     if args.config == "full":
         report = run_full_load_bench(args.layers, args.rounds, args.warmup, args.rank)
     else:

@@ -45,7 +45,7 @@ def make_transport(name: str, group: Any = None) -> Any:
     from skyrl_glm.plugins import registry
 
     cls = registry().transport(name)
-    return cls(group=group, src=0) if name == "nccl" else cls()
+    return cls(group=group, src=0) if cls.needs_group else cls()
 
 
 class TimedStream:

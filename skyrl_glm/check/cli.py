@@ -8,7 +8,7 @@ import logging
 from rich.console import Console
 
 from skyrl_glm.check.algorithm import CheckConfig, StepResult
-from skyrl_glm.check.faults import FAULTS
+from skyrl_glm.check.faults import FAULTS, NO_FAULT
 from skyrl_glm.check.report import plot, print_table, write_json
 from skyrl_glm.check.runner import CheckOptions, run, transport_choices
 from skyrl_glm.plugins import registry
@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trainer", default="hf", choices=sorted(registry().trainers))
     p.add_argument("--sampler", default="vllm", choices=sorted(registry().samplers))
     p.add_argument("--transport", default="cpu", choices=transport_choices())
-    p.add_argument("--fault", default="none", choices=FAULTS, help="replace the handoff with a deliberately broken one")
+    p.add_argument("--fault", default=NO_FAULT, choices=FAULTS, help="replace the handoff with a broken one")
     p.add_argument(
         "--lora-targets",
         help="LoRA targets, comma-separated: qualified, PEFT short (q_a_proj) or Megatron (linear_fc1)",

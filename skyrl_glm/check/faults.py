@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from skyrl_glm.sync.update import UpdateResult
@@ -17,12 +18,6 @@ if TYPE_CHECKING:
     import torch
 
     from skyrl_glm.sync.publisher import InMemoryPublisher
-
-FAULTS = ("none", "no-publish", "drop-aliases", "double-scale", "wrong-target", "prefill-only")
-# The step at which each fault must be caught (the receiver itself rejects an update with dropped aliases:
-# their lora_A/lora_B pairs are incomplete).
-EXPECTED_FAILURE = {"no-publish": 5, "drop-aliases": 4, "double-scale": 5, "wrong-target": 5, "prefill-only": 5}
-
 
 class FaultNotApplicable(UsageError):
     """The fault cannot be injected into this adapter (e.g. no aliased tensors to drop)."""
@@ -121,18 +116,41 @@ class PrefillOnlySampler:
             self.inner.adapter = current
 
 
+@dataclass(frozen=True)
+class Fault:
+    """One deliberately broken handoff: what it wraps, and the step of the check that must catch it."""
+
+    fails_at: int
+    publisher: Callable[[Any], Any] | None = None
+    sampler: Callable[[Any], Any] | None = None
+    in_skyrl: bool = False
+    """Also injectable into a SkyRL run's memory sync (``skyrl_glm.sync.fault``)."""
+
+
+# The one table of faults. drop-aliases fails at step 4: the receiver itself rejects the update, whose
+# lora_A/lora_B pairs are incomplete.
+FAULT_TABLE: dict[str, Fault] = {
+    "no-publish": Fault(5, publisher=NoPublish, in_skyrl=True),
+    "drop-aliases": Fault(4, publisher=DropAliases),
+    "double-scale": Fault(5, publisher=DoubleScale),
+    "wrong-target": Fault(5, publisher=WrongTarget),
+    "prefill-only": Fault(5, sampler=PrefillOnlySampler),
+}
+NO_FAULT = "none"
+FAULTS = (NO_FAULT, *FAULT_TABLE)
+EXPECTED_FAILURE = {name: f.fails_at for name, f in FAULT_TABLE.items()}
+SKYRL_FAULTS = (NO_FAULT, *(name for name, f in FAULT_TABLE.items() if f.in_skyrl))
+
+
 def inject(fault: str, publisher: Any, sampler: Any) -> tuple[Any, Any]:
     """``(publisher, sampler)`` with ``fault`` applied."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; choose from {FAULTS}")
-    wrappers = {
-        "no-publish": NoPublish,
-        "drop-aliases": DropAliases,
-        "double-scale": DoubleScale,
-        "wrong-target": WrongTarget,
-    }
-    if fault in wrappers:
-        publisher = wrappers[fault](publisher)
-    if fault == "prefill-only":
-        sampler = PrefillOnlySampler(sampler)
+    if fault == NO_FAULT:
+        return publisher, sampler
+    record = FAULT_TABLE[fault]
+    if record.publisher is not None:
+        publisher = record.publisher(publisher)
+    if record.sampler is not None:
+        sampler = record.sampler(sampler)
     return publisher, sampler

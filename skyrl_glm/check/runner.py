@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, run_check
-from skyrl_glm.check.faults import FAULTS, inject
+from skyrl_glm.check.faults import FAULTS, NO_FAULT, inject
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.scorers import require_vllm
 from skyrl_glm.checkpoint import read_config, vocab_size
@@ -41,7 +41,7 @@ class CheckOptions:
     trainer: str = "hf"
     sampler: str = "vllm"
     transport: str = "cpu"
-    fault: str = "none"
+    fault: str = NO_FAULT
     lora_targets: list[str] | None = None
     allow_unsupported_targets: bool = False
     rank: int = 8
@@ -95,12 +95,13 @@ def prepare(options: CheckOptions) -> CheckPlan:
     reg = registry()
     if options.fault not in FAULTS:
         raise UsageError(f"unknown fault {options.fault!r}; choose from {FAULTS}")
-    if options.transport == "nccl":
-        raise UsageError(
-            "the nccl transport needs a trainer<->engine process group (SkyRL's weight-sync group); "
-            "with the in-process engine use --transport cpu, ipc or disk"
-        )
     transport_class = None if options.transport == "disk" else reg.transport(options.transport)
+    if transport_class is not None and transport_class.needs_group:
+        others = [t for t in transport_choices() if t == "disk" or not reg.transport(t).needs_group]
+        raise UsageError(
+            f"the {options.transport} transport needs a process group with the engine's workers (SkyRL's "
+            f"weight-sync group); with the in-process engine use --transport {'|'.join(others)}"
+        )
     trainer_factory = reg.trainer(options.trainer)
     sampler_factory = reg.sampler(options.sampler)
     positive_int("rank", options.rank)

@@ -36,20 +36,6 @@ class AdapterSizes:
     def dedup_ratio(self) -> float:
         return self.public_bytes / self.unique_bytes if self.unique_bytes else float("nan")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "rank": self.rank,
-            "dtype": self.dtype,
-            "targets": list(self.targets),
-            "share_expert_adapters": self.share_expert_adapters,
-            "public_tensors": self.public_tensors,
-            "public_bytes": self.public_bytes,
-            "unique_tensors": self.unique_tensors,
-            "unique_bytes": self.unique_bytes,
-            "by_kind": {k: list(v) for k, v in self.by_kind.items()},
-        }
-
 
 def adapter_sizes(
     config: Any,

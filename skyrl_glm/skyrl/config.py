@@ -31,12 +31,16 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
 
+from skyrl_glm.check.algorithm import CheckConfig
+from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
+from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 from skyrl_glm.usage import UsageError
 
+AUTO_TRANSPORT = "auto"
 BASE_KEY = "base"
 COMMAND_LINE = "command line"
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -75,20 +79,21 @@ class SyncSection:
 
     mode: Literal["memory", "disk"] = "memory"
     """``memory``: skyrl-glm's plan -> transport -> receiver, no file written; ``disk``: SkyRL's own PEFT-file sync."""
-    transport: Literal["auto", "nccl", "ipc", "cpu"] = "auto"
-    """``auto``: ``ipc`` when colocated on GPUs, ``cpu`` (shared memory, same host) when the trainer is on one node,
-    else ``nccl``."""
+    transport: str = AUTO_TRANSPORT
+    """A registered transport (built-in: ``cpu``, ``ipc``, ``nccl``; plugins add theirs), or ``auto``: ``ipc`` when
+    colocated on GPUs, ``cpu`` (shared memory, same host) when the trainer is on one node, else ``nccl``."""
     verify: bool = True
     """Receiver checks checksums and finiteness of every tensor (structure is always checked)."""
     bucket_mb: int = DEFAULT_BUCKET_BYTES >> 20
     """Packed bucket size on the transport, MiB."""
-    fault: Literal["none", "no-publish"] = "none"
-    """Deliberately break the sync (for tests of the check): ``no-publish`` reports success after the first sync
-    and sends nothing, so the sampler goes stale."""
+    fault: str = NO_FAULT
+    """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries:
+    ``no-publish`` reports success after the first sync and sends nothing, so the sampler goes stale."""
 
     def __post_init__(self) -> None:
-        for name in ("mode", "transport", "fault"):
-            _choice(f"skyrl_glm.sync.{name}", getattr(self, name), _literal_values(SyncSection, name))
+        _choice("skyrl_glm.sync.mode", self.mode, _literal_values(SyncSection, "mode"))
+        _choice("skyrl_glm.sync.fault", self.fault, SKYRL_FAULTS)
+        _choice("skyrl_glm.sync.transport", self.transport, [AUTO_TRANSPORT, *sorted(registry().transports)])
         _bounded("skyrl_glm.sync.bucket_mb", self.bucket_mb, 1, MAX_BUCKET_MB)
 
     @property
@@ -115,13 +120,14 @@ class CheckSection:
     probe_length: int = 24
     prompt_length: int = 8
     decode_tokens: int = 4
-    seed: int = 0
-    mean_tol: float = 0.05
-    max_tol: float = 0.5
-    repeat_tol: float = 1e-6
-    scale: float = 0.05
+    # The check's own settings, with the defaults of the one record the CLI and the library use (CheckConfig).
+    seed: int = CheckConfig.seed
+    mean_tol: float = CheckConfig.mean_tol
+    max_tol: float = CheckConfig.max_tol
+    repeat_tol: float = CheckConfig.repeat_tol
+    scale: float = CheckConfig.scale
     """Perturbation of the trainer's LoRA B in step 2 (added to every element)."""
-    decode: bool = True
+    decode: bool = CheckConfig.decode
 
     def __post_init__(self) -> None:
         _choice("skyrl_glm.check.on_failure", self.on_failure, _literal_values(CheckSection, "on_failure"))
@@ -138,6 +144,21 @@ class CheckSection:
             raise ConfigError(
                 f"skyrl_glm.check.prompt_length: must be < probe_length ({self.probe_length}), got {self.prompt_length}"
             )
+        try:
+            self.check_config()
+        except UsageError as e:
+            raise ConfigError(f"skyrl_glm.check.{e}") from None
+
+    def check_config(self) -> CheckConfig:
+        """The algorithm's settings from this section."""
+        return CheckConfig(
+            mean_tol=self.mean_tol,
+            max_tol=self.max_tol,
+            repeat_tol=self.repeat_tol,
+            scale=self.scale,
+            seed=self.seed,
+            decode=self.decode,
+        )
 
 
 @dataclass
@@ -171,7 +192,7 @@ def resolved_transport(cfg: Any) -> str:
     trainer is on one node (CPU mode included), else the collective transport (NCCL, over a group of the
     trainer's sending rank and every vLLM worker)."""
     transport = cfg.skyrl_glm.sync.transport
-    if transport != "auto":
+    if transport != AUTO_TRANSPORT:
         return transport
     if cfg.trainer.placement.colocate_all and not cfg.skyrl_glm.cpu:
         return "ipc"
@@ -198,7 +219,7 @@ def check_consistency(cfg: Any) -> None:
         raise ConfigError(
             "skyrl_glm.sync.transport: ipc moves CUDA memory; with skyrl_glm.cpu=true use cpu, nccl (over gloo) or auto"
         )
-    if glm.sync.fault != "none" and glm.sync.mode != "memory":
+    if glm.sync.fault != NO_FAULT and glm.sync.mode != "memory":
         raise ConfigError(
             "skyrl_glm.sync.fault: faults are injected into the memory sync; set skyrl_glm.sync.mode=memory"
         )

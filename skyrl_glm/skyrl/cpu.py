@@ -9,7 +9,7 @@ Everything CPU mode changes is here, and nothing here runs unless a config asks 
   imported (no installed file is edited).
 
 Each lifted assumption, with the SkyRL file and line it comes from, is tabled in ``docs/skyrl.md``.
-Facts from the CPU probe of SkyRL 0.4.0 (shared/probes/skyrl-cpu/FINDINGS.md).
+Read from SkyRL 0.4.0's source and a CPU run of its loop (2026-11-30).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ the plugin registry, and (for the memory sync) skyrl-glm's vLLM worker extension
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from skyrl.train.dataset import PromptDataset
@@ -26,10 +27,24 @@ def _router_args_compat() -> None:
         RouterArgs.pd_disaggregation = False
 
 
+DISK_LORA_WARNING = "saves LoRA adapters to disk"
+_SKYRL_SERVER_ARGS_LOGGER = "skyrl.backends.skyrl_train.inference_servers.utils"
+
+
+class _NoDiskLoraWarning(logging.Filter):
+    """SkyRL warns that LoRA adapters are saved to disk (a shared filesystem needed) whenever trainer and vLLM are
+    not colocated and its own ``lora.sync_mode`` is not ``memory``; with skyrl-glm's memory sync no file is written,
+    so the warning is false."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return DISK_LORA_WARNING not in record.getMessage()
+
+
 class GlmPPOExp(BasePPOExp):
     def __init__(self, cfg: Any) -> None:
         if cfg.skyrl_glm.sync.mode == "memory":
             cfg.generator.inference_engine.engine_init_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+            logging.getLogger(_SKYRL_SERVER_ARGS_LOGGER).addFilter(_NoDiskLoraWarning())
         _router_args_compat()
         register_glm_math()  # the `glm_math` reward env, in the process that builds the generator
         super().__init__(cfg)

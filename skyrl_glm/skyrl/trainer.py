@@ -22,7 +22,7 @@ from rich.console import Console
 from skyrl.backends.skyrl_train.inference_servers.utils import resolve_policy_model_name
 from skyrl.train.trainer import RayPPOTrainer
 
-from skyrl_glm.check.algorithm import CheckConfig, CheckReport, Diff, StepResult, decode_diff, judge_agreement
+from skyrl_glm.check.algorithm import CheckReport, Diff, StepResult, decode_diff, judge_agreement
 from skyrl_glm.check.algorithm import run_check as run_five_steps
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
@@ -30,9 +30,11 @@ from skyrl_glm.dapo.report import dumped_eval_metrics
 from skyrl_glm.skyrl.check import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
 from skyrl_glm.skyrl.config import resolved_transport
 from skyrl_glm.skyrl.overlong import shape_rewards
+from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
 from skyrl_glm.skyrl.worker_sync import WorkerSync
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger(PROGRESS_LOGGER)  # one line per sync on the terminal of `skyrl-glm train`
 
 CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits by its temperature
 
@@ -79,6 +81,8 @@ class GlmPPOTrainer(RayPPOTrainer):
         self._glm_syncs = 0
         self.summary: dict[str, Any] = {"sync_mode": self.cfg.skyrl_glm.sync.mode, "syncs": [], "agree": []}
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
+        check = " and the handoff check" if self.cfg.skyrl_glm.check.before_training else ""
+        progress.info("policy workers and vLLM up; first sync%s", check)
 
     # -- the wrapped sync ------------------------------------------------------------------------------
     async def _sync_then_check(self, model_id: str | None = None) -> None:
@@ -98,19 +102,28 @@ class GlmPPOTrainer(RayPPOTrainer):
         )
         self.all_metrics.update({"skyrl_glm/sync_s": seconds, "skyrl_glm/syncs": self._glm_syncs})
         check = self.cfg.skyrl_glm.check
+        verdict = "no check"
         if self._glm_syncs == 1:
             if check.before_training:
-                await self.handoff_check()
+                passed = (await self.handoff_check()).passed
+                verdict = f"handoff check {'PASS' if passed else 'FAIL'} ({self.summary['check']['seconds']:.1f} s)"
         elif check.every_n_syncs and (self._glm_syncs - 1) % check.every_n_syncs == 0:
-            await self.agree_check()
+            agreed = (await self.agree_check()).passed
+            verdict = f"agree check {'ok' if agreed else 'FAIL'}"
+        if self._glm_syncs == 1:
+            progress.info("before step 1: sync %.3f s, %s", seconds, verdict)
+        else:
+            reward = self.all_metrics.get("reward/avg_raw_reward")
+            progress.info(
+                "step %d/%d: reward %s, sync %.3f s, %s",
+                self.global_step,
+                self.total_training_steps,
+                "-" if reward is None else f"{reward:.3f}",
+                seconds,
+                verdict,
+            )
 
     # -- the check -------------------------------------------------------------------------------------
-    def _check_config(self) -> CheckConfig:
-        c = self.cfg.skyrl_glm.check
-        return CheckConfig(
-            mean_tol=c.mean_tol, max_tol=c.max_tol, repeat_tol=c.repeat_tol, scale=c.scale, seed=c.seed, decode=c.decode
-        )
-
     def _probes(self, seed: int) -> Probes:
         c = self.cfg.skyrl_glm.check
         return make_probes(
@@ -148,7 +161,7 @@ class GlmPPOTrainer(RayPPOTrainer):
                 sampler,
                 publisher,
                 self._probes(self.cfg.skyrl_glm.check.seed),
-                self._check_config(),
+                self.cfg.skyrl_glm.check.check_config(),
             )
         finally:
             restored = await asyncio.to_thread(trainer.restore_lora_b)
@@ -173,7 +186,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         """Step 1 alone on fresh probes: does the sampler serve what the trainer holds after this sync?"""
         trainer, sampler, _ = self._live()
         probes = self._probes(self.cfg.skyrl_glm.check.seed + self._glm_syncs)
-        config = self._check_config()
+        config = self.cfg.skyrl_glm.check.check_config()
 
         def agree() -> StepResult:
             t0 = time.perf_counter()

@@ -26,6 +26,8 @@ class TransportError(RuntimeError):
 
 class Transport(ABC):
     name: ClassVar[str]
+    needs_group: ClassVar[bool] = False
+    """A collective transport: built with ``(group, src)``, a process group spanning the sender and every receiver."""
 
     def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
         """A zeroed ``uint8[nbytes]`` buffer the plan packs its stream into (``build_plan(staging=...)``): a transport

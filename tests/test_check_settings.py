@@ -1,0 +1,51 @@
+"""One record of the check's settings: the SkyRL section's defaults are the CLI's and the library's
+(``CheckConfig``), and a bound the algorithm refuses is refused when the recipe loads, not mid-training; one
+table of faults for the check and the SkyRL section."""
+
+from __future__ import annotations
+
+import pytest
+
+from skyrl_glm.check.algorithm import CheckConfig
+from skyrl_glm.check.faults import EXPECTED_FAILURE, FAULT_TABLE, FAULTS, NO_FAULT, inject
+from skyrl_glm.cli import build_parser
+from skyrl_glm.skyrl.config import ConfigError, load_config
+
+
+def test_skyrl_section_cli_and_library_share_the_defaults() -> None:
+    section = load_config(None, ["trainer.policy.model.lora.rank=8"]).skyrl_glm.check
+    assert section.check_config() == CheckConfig()
+    cli = build_parser().parse_args(["check"])
+    assert (cli.scale, cli.mean_tol, cli.max_tol) == (section.scale, section.mean_tol, section.max_tol)
+
+
+def test_the_section_builds_the_algorithms_settings_from_its_keys() -> None:
+    overrides = ["skyrl_glm.check.mean_tol=0.001", "skyrl_glm.check.scale=0.2", "skyrl_glm.check.decode=false"]
+    section = load_config("tiny_cpu_grpo", overrides).skyrl_glm.check
+    assert section.check_config() == CheckConfig(mean_tol=0.001, max_tol=0.01, scale=0.2, decode=False)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("skyrl_glm.check.mean_tol=-1", "skyrl_glm.check.mean_tol must be a finite number >= 0, got -1"),
+        ("skyrl_glm.check.repeat_tol=-0.5", "skyrl_glm.check.repeat_tol must be a finite number >= 0, got -0.5"),
+    ],
+)
+def test_a_bound_the_algorithm_refuses_is_refused_at_load(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config("tiny_cpu_grpo", [override])
+
+
+def test_one_faults_table_drives_the_check_and_the_skyrl_section() -> None:
+    publisher, sampler = object(), object()
+    for name, record in FAULT_TABLE.items():
+        wrapped_publisher, wrapped_sampler = inject(name, publisher, sampler)
+        assert (wrapped_publisher is not publisher) == (record.publisher is not None), name
+        assert (wrapped_sampler is not sampler) == (record.sampler is not None), name
+    assert inject(NO_FAULT, publisher, sampler) == (publisher, sampler)
+    assert FAULTS == (NO_FAULT, *FAULT_TABLE) and EXPECTED_FAILURE["drop-aliases"] == 4
+    assert load_config("tiny_cpu_grpo", ["skyrl_glm.sync.fault=no-publish"]).skyrl_glm.sync.fault == "no-publish"
+    # a fault the SkyRL run cannot inject is refused, naming the ones it can
+    with pytest.raises(ConfigError, match=r"skyrl_glm.sync.fault: must be one of none\|no-publish, got 'double-scale'"):
+        load_config("tiny_cpu_grpo", ["skyrl_glm.sync.fault=double-scale"])
