@@ -150,10 +150,14 @@ class Sender:
 
         adapter: Any = iter(self.public.items()) if self.public is not None else None
         split: dict[str, float] = {}
+        # the exporter's own declaration, as SkyRL's path gets it (experts_per_shared_adapter)
+        shared = self.opts.share_experts and not self.opts.copies
         if adapter is None:  # the Megatron sync's rank 0: dedup as the export streams, rank-scale fold
             t0 = time.perf_counter()
             export = self.export()
-            adapter = unique_adapter(export, config_rank=self.opts.rank, num_moe_experts=self.syn.n_experts)
+            adapter = unique_adapter(
+                export, config_rank=self.opts.rank, num_moe_experts=self.syn.n_experts, shared_storage=shared
+            )
             synchronize(self.device)
             split = _export_split(export, time.perf_counter() - t0)
         plan = build_plan(
@@ -163,8 +167,7 @@ class Sender:
             version=version,
             bucket_bytes=self.opts.bucket_mb << 20,
             staging=self.transport.staging,
-            # the exporter's own declaration, as SkyRL's path gets it (experts_per_shared_adapter)
-            shared_storage=self.opts.share_experts and not self.opts.copies,
+            shared_storage=shared,
         )
         timings = dict(plan.timings)
         if split:

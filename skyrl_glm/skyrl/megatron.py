@@ -94,12 +94,16 @@ def unique_adapter(
     *,
     config_rank: int,
     num_moe_experts: int | None,
+    shared_storage: bool = False,
     slice_bytes: int = EXPORT_SLICE_BYTES,
 ) -> Dedup:
     """Rank 0's half of one Megatron sync: the export deduplicated as it streams, then SkyRL's rank-scale fold
-    on the unique tensors (a fold of a shared tensor once, however many expert names show it)."""
+    on the unique tensors (a fold of a shared tensor once, however many expert names show it). ``shared_storage``:
+    the bridge's LoRA shares one adapter across a layer's experts (``share_expert_adapters``), so the export shows
+    one storage under every expert name, as SkyRL's ``experts_per_shared_adapter`` hint assumes (exact either way:
+    a wrong declaration only sends a duplicate)."""
     stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts)
-    dedup = deduplicate(stream, slice_bytes=slice_bytes)
+    dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes)
     todo = {n: t for n, t in dedup.unique.items() if n not in stream.prefolded}
     folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
     dedup.unique.update(folded)
@@ -133,6 +137,7 @@ class MegatronGlmSync(GlmSyncMixin):
                 export,
                 config_rank=self.lora_cls.dim,
                 num_moe_experts=getattr(self.provider, "num_moe_experts", None),
+                shared_storage=bool(getattr(self.lora_cls, "share_expert_adapters", False)),
             )
         else:
             for _ in export:  # the collective: every rank takes part, only rank 0 keeps anything
