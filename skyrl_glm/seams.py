@@ -154,6 +154,40 @@ SEAMS: tuple[Seam, ...] = (
         "skyrl_glm/sync/routing/plan.py",
         "the routing plan gives each expert-parallel vLLM rank the contiguous expert block this method slices",
     ),
+    # -- added with the GPU sampler, the per-run ports and the sync group ----------------------------------
+    Seam(
+        "skyrl.backends.skyrl_train.patches.vllm.patch_glm5next_lora_packing",
+        "_skyrl_kv_b_proj_lora_patched",
+        "literal",
+        SKYRL,
+        "skyrl_glm/models/vllm_targets.py",
+        "the marker SkyRL's MLA patch sets on vLLM's MLAAttention once it applies a kv_b_proj LoRA: whether the "
+        "sampler applies that target is read from it, not assumed",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.vllm_router:VLLMRouter",
+        "_DEFAULT_PROMETHEUS_PORT",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/ports.py",
+        "every router's metrics exporter starts at this port; two runs on one host must not share it",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
+        "_call_server",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/sync_group.py",
+        "posts the group join to one server with its own rank offset (the fan-out sends one payload to all)",
+    ),
+    Seam(
+        "ray",
+        "_private",
+        "attribute",
+        "ray 2.57.0",
+        "skyrl_glm/skyrl/sync_group.py",
+        "the node address the sync group's rendezvous binds to, as SkyRL's own weight-transfer init reads it",
+    ),
 )
 
 

@@ -122,7 +122,8 @@ def _rpc(url: str, method: str, args: list[Any], kwargs: dict[str, Any] | None =
 
 
 def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
-    from skyrl_glm.skyrl.publish import ServerPublisher
+    from skyrl_glm.skyrl.publish import SkyRLServers
+    from skyrl_glm.sync.publisher import InMemoryPublisher
     from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
     g = torch.Generator().manual_seed(seed)
@@ -131,11 +132,11 @@ def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     client = _client(url)
-    publisher = ServerPublisher(client, SharedMemoryTransport(), bucket_bytes=1 << 20)
+    publisher = InMemoryPublisher(SkyRLServers(client, LORA), SharedMemoryTransport(), LORA, bucket_bytes=1 << 20)
 
     async def publish() -> Any:
         try:
-            return await publisher.publish(trainer.adapter(), trainer.lora_config, LORA, version)
+            return await publisher.publish_async(trainer.adapter(), trainer.lora_config, version)
         finally:
             await client.aclose()
 

@@ -30,7 +30,7 @@ def test_missing_data_is_refused_before_anything_starts(tmp_path, glm45_dir):
     proc = _train(tmp_path, glm45_dir, f"data.train_data=['{tmp_path}/nothing.parquet']")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"skyrl-glm train: data.train_data: {tmp_path}/nothing.parquet: no such file "
+        f"skyrl-glm train: error: data.train_data: {tmp_path}/nothing.parquet: no such file "
         "(skyrl-glm data prepare ... writes it)"
     )
     assert "Traceback" not in proc.stderr and "Ray" not in proc.stderr  # refused before Ray started
@@ -54,7 +54,9 @@ def test_a_run_that_fails_after_it_started_is_one_line_and_exit_3(tmp_path, glm4
     assert proc.returncode == RUN_FAILED, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     failed = [line for line in proc.stderr.splitlines() if line.startswith("skyrl-glm train: failed: ")]
-    assert len(failed) == 1 and f"(log: {tmp_path / 'log_path'}/infra-" in failed[0], proc.stderr[-3000:]
+    assert len(failed) == 1 and f"(log: {tmp_path / 'log_path'}/skyrl-glm-train-" in failed[0], proc.stderr[-3000:]
+    log = Path(failed[0].rsplit("(log: ", 1)[1].rstrip(")")).read_text()
+    assert "Traceback" in log and "the run failed" in log  # the traceback is in the log the line names
 
 
 def test_the_root_cause_behind_ray_wrappers_is_reported(capsys):

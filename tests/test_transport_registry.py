@@ -59,10 +59,10 @@ def test_a_plugin_transport_is_chosen_in_a_skyrl_config(with_plugin: None) -> No
 
 
 def test_a_transport_that_needs_a_process_group_is_refused_inside_skyrl_by_its_record(with_plugin: None) -> None:
+    """SkyRL runs open a group for the collective transport only (the trainer's rank 0 and every vLLM worker)."""
     with pytest.raises(ConfigError, match="plugin-group-tx inside SkyRL needs a process group"):
         load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=plugin-group-tx"])
-    with pytest.raises(ConfigError, match="nccl inside SkyRL needs a process group"):
-        load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=nccl"])
+    assert load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=nccl"]).skyrl_glm.sync.transport == "nccl"
 
 
 def test_an_unregistered_transport_is_refused_with_the_registered_ones() -> None:

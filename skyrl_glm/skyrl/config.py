@@ -215,6 +215,15 @@ def check_consistency(cfg: Any) -> None:
                 "skyrl_glm.sync.mode: memory ships the adapter alone; set "
                 "trainer.policy.megatron_config.lora_config.merge_lora=false"
             )
+    transport = resolved_transport(cfg)
+    if glm.sync.mode == "memory" and registry().transport(transport).needs_group:
+        from skyrl_glm.sync.transports.collective import CollectiveTransport
+
+        if registry().transport(transport) is not CollectiveTransport:  # the group SkyRL runs open (sync_group)
+            raise ConfigError(
+                f"skyrl_glm.sync.transport: {transport} inside SkyRL needs a process group with the vLLM workers; "
+                f"SkyRL runs open one for {CollectiveTransport.name} only"
+            )
     if glm.cpu and glm.sync.transport == "ipc":
         raise ConfigError(
             "skyrl_glm.sync.transport: ipc moves CUDA memory; with skyrl_glm.cpu=true use cpu, nccl (over gloo) or auto"
