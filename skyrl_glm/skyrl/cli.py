@@ -25,7 +25,9 @@ def add_parser(sub: Any) -> None:
         help="train with SkyRL's loop, skyrl-glm's LoRA sync and the handoff check (recipe + key=value overrides)",
         description=(
             "RECIPE is a YAML file or a packaged recipe name (e.g. tiny_cpu_grpo); key=value overrides any key of "
-            "SkyRL's config or the skyrl_glm section. Exit 0: trained; 1: stopped by the handoff check; 2: bad input."
+            "SkyRL's config or the skyrl_glm section. Exit 0: trained; 1: stopped by the handoff check; 2: cannot "
+            "start as given (bad input, missing data, GPUs Ray lacks); 3: failed after it started "
+            "(docs/exit-codes.md)."
         ),
     )
     train.add_argument("recipe", metavar="RECIPE")
