@@ -26,7 +26,9 @@ def add_parser(sub: Any) -> None:
         description=(
             "RECIPE is a YAML file or a packaged recipe name (e.g. tiny_cpu_grpo); key=value overrides any key of "
             "SkyRL's config or the skyrl_glm section. Prints one line per step and where the outputs are; the full "
-            "log goes to a file in trainer.log_path. Exit 0: trained; 1: stopped by the handoff check; 2: bad input."
+            "log goes to a file in trainer.log_path. Exit 0: trained; 1: stopped by the handoff check; 2: cannot "
+            "start as given (bad input, missing data, GPUs Ray lacks); 3: failed after it started "
+            "(docs/exit-codes.md)."
         ),
     )
     train.add_argument("recipe", metavar="RECIPE")
