@@ -171,3 +171,10 @@ def test_restoring_a_lora_b_backup_never_taken_is_a_no_op_not_a_new_error():
     assert worker.skyrl_glm_restore_lora_b() == 2
     assert all(float(p.abs().max()) == 0.0 for p in worker.lora_b)
     assert worker.skyrl_glm_restore_lora_b() == 0  # the backup is used once
+
+
+def test_a_cuda_transport_on_cpu_is_one_line_before_any_engine() -> None:
+    from skyrl_glm.check.runner import CheckOptions, prepare
+
+    with pytest.raises(UsageError, match="the ipc transport moves CUDA memory"):
+        prepare(CheckOptions(transport="ipc", device="cpu"))

@@ -96,6 +96,8 @@ def prepare(options: CheckOptions) -> CheckPlan:
     if options.fault not in FAULTS:
         raise UsageError(f"unknown fault {options.fault!r}; choose from {FAULTS}")
     transport_class = None if options.transport == "disk" else reg.transport(options.transport)
+    if transport_class is not None and transport_class.needs_cuda and options.device == "cpu":
+        raise UsageError(f"the {options.transport} transport moves CUDA memory: use --device cuda, or cpu/disk on CPU")
     if transport_class is not None and transport_class.needs_group:
         others = [t for t in transport_choices() if t == "disk" or not reg.transport(t).needs_group]
         raise UsageError(

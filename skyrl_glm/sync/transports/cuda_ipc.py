@@ -27,6 +27,7 @@ def _dec(v: Any) -> Any:
 
 class CudaIpcTransport(Transport):
     name = "ipc"
+    needs_cuda = True
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
