@@ -27,43 +27,63 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lor
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
 from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
-from skyrl_glm.sync.dedup import Dedup, deduplicate
+from skyrl_glm.sync.dedup import PART, Dedup, Part, StreamReader, deduplicate
+from skyrl_glm.sync.nogc import paused_gc
 
 # The exporter's duplicates held at once while the stream is deduplicated (a gather per name hands out copies).
 EXPORT_SLICE_BYTES = 256 << 20
 # Expert LoRA names without an expert index: a packed-experts checkpoint's fused experts (their per-expert side comes
 # as one slice per expert under the one name) or, on a per-expert checkpoint, a ``(1, ...)`` shared side.
-_UNINDEXED_EXPERTS = re.compile(r"\.mlp\.experts\.(?P<tail>[a-z_]+\.lora_[AB]\.weight)$")
+_UNINDEXED_EXPERTS = re.compile(r"\.mlp\.experts\.(?P<tail>[a-z_]+\.lora_[AB]\.weight)$", re.MULTILINE)
 _INDEXED_EXPERTS = re.compile(r"\.mlp\.experts\.\d+\.")
 
 
-class VllmNamedStream:
+class VllmNamedStream(StreamReader):
     """The bridge's export as the ``(PEFT name, tensor)`` pairs vLLM loads, lazily: one pass, and nothing retained
     but the expert tensors without an expert index, which SkyRL's file sync stacks per name in emission order.
 
     Per-expert names pass through as they come. The unindexed ones follow at the end, rank-scale folded: on a
     per-expert checkpoint a ``(1, ...)`` shared side is shown under every expert's name as one view (SkyRL's
     converter clones it per expert); on a packed one ``_convert_moe_experts_lora_to_vllm`` rewrites the stacks.
-    ``prefolded``: the names whose rank scale is already folded."""
+    Read in parts (:class:`~skyrl_glm.sync.dedup.StreamReader`, ``slice_bytes`` the dedup's), each part's names
+    tested as one text. ``prefolded``: the names whose rank scale is already folded."""
 
-    def __init__(self, export: Iterable[tuple[str, torch.Tensor]], *, config_rank: int, num_moe_experts: int | None):
-        self.export = export
+    def __init__(
+        self,
+        export: Iterable[tuple[str, torch.Tensor]],
+        *,
+        config_rank: int,
+        num_moe_experts: int | None,
+        slice_bytes: int | None = EXPORT_SLICE_BYTES,
+    ):
+        super().__init__(export, slice_bytes)
         self.config_rank = config_rank
         self.num_moe_experts = num_moe_experts
         self.prefolded: set[str] = set()
+        self.held: dict[str, list[torch.Tensor]] = {}
+        self.indexed = False
+        self.tail: StreamReader | None = None  # the unindexed ones, once the export has ended
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        held: dict[str, list[torch.Tensor]] = {}
-        indexed = False
-        for raw, tensor in self.export:
-            name = PEFT_PREFIX + raw
-            if _UNINDEXED_EXPERTS.search(name):
-                held.setdefault(name, []).append(tensor)
-                continue
-            indexed = indexed or _INDEXED_EXPERTS.search(name) is not None
-            yield name, tensor
-        if held:
-            yield from self._unindexed(held, indexed)
+    def part(self, at_most: int = PART) -> Part | None:
+        while self.tail is None and (raw := super().part(at_most)) is not None:
+            names = list(map(PEFT_PREFIX.__add__, raw.names))
+            text = "\n".join(names)
+            self.indexed = self.indexed or _INDEXED_EXPERTS.search(text) is not None
+            if _UNINDEXED_EXPERTS.search(text) is None:
+                return Part(names, raw.tensors, raw.by_address)
+            kept = []
+            for name, tensor in zip(names, raw.tensors, strict=True):
+                if _UNINDEXED_EXPERTS.search(name):
+                    self.held.setdefault(name, []).append(tensor)
+                else:
+                    kept.append((name, tensor))
+            if kept:
+                return Part.of(*zip(*kept, strict=True))
+        if self.tail is None:
+            unindexed = self._unindexed(self.held, self.indexed) if self.held else iter(())
+            self.tail = StreamReader(unindexed, self.slice_bytes)
+            self.held = {}
+        return self.tail.part(at_most)
 
     def _unindexed(self, held: dict[str, list[torch.Tensor]], indexed: bool) -> Iterator[tuple[str, torch.Tensor]]:
         from skyrl.backends.skyrl_train.distributed.megatron.megatron_utils import _convert_moe_experts_lora_to_vllm
@@ -102,8 +122,11 @@ def unique_adapter(
     the bridge's LoRA shares one adapter across a layer's experts (``share_expert_adapters``), so the export shows
     one storage under every expert name, as SkyRL's ``experts_per_shared_adapter`` hint assumes (exact either way:
     a wrong declaration only sends a duplicate)."""
-    stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts)
-    dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes)
+    stream = VllmNamedStream(
+        export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=slice_bytes
+    )
+    with paused_gc():  # the stream's pairs are short-lived: a collection would only walk what the slices hold
+        dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes)
     todo = {n: t for n, t in dedup.unique.items() if n not in stream.prefolded}
     folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
     dedup.unique.update(folded)

@@ -5,8 +5,8 @@ tensors. Work is in bulk per slice of 4,096 pairs: each object's address, shape,
 C-level maps while the slice is in the CPU cache, and everything after is numpy (no Python loop per name or per
 object on the common paths; with exporter copies every pass over the objects costs a cache miss each):
 
-1. **Objects.** Names are grouped by object: by address first where objects are many (copies), by object id where
-   few (shared storage); either way the same grouping.
+1. **Objects.** Names are grouped by object: by address first where objects are many (copies), by object identity
+   where few (shared storage); either way the same grouping.
 2. **Views.** Objects showing one storage view (data pointer, shape, strides, dtype) are one tensor; no value is
    compared. Only tensors being sent are remembered by address: a dropped duplicate's memory may come back from
    the exporter's allocator holding another value.
@@ -30,7 +30,7 @@ import itertools
 import math
 import operator
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +40,7 @@ from skyrl_glm.sync.checksum import fingerprints, sums_at, word_aligned
 from skyrl_glm.sync.compare import equal_at, equal_pairs
 
 SLICE = 4096  # stream pairs decided together (bounds what the exporter's duplicates hold)
+PART = 256  # pairs read at once while a slice's bytes are counted
 
 @dataclass
 class Dedup:
@@ -56,9 +57,40 @@ class Dedup:
         return {p: sent for sent, names in self.names.items() for p in names[1:]}
 
 
-def _view_key(t: torch.Tensor) -> tuple:
-    # data_ptr() already includes the storage offset.
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+# An object's identity, read at C level: ``object.__hash__`` is a bijection of the object's address in CPython, and
+# unlike ``id`` raises no audit event (``id`` calls every audit hook: one Python hook, which filelock 4.3 installs at
+# import, makes each call ~0.7 us, 80 ms over a full GLM-5.3 export). Groups it forms are proven with ``is``.
+_identity = object.__hash__
+
+
+class _Kinds:
+    """Every shape, stride and dtype seen so far -> a small id (exact: a dict compares what it hashes). Per object
+    its *kind* ``[shape id, dtype id, nbytes]`` (equal rows: equal shape, dtype and size) and its *view*
+    ``[data_ptr, shape id, stride id, dtype id]`` (equal rows: one storage view; ``data_ptr`` includes the offset)."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[torch.Size, int] = {}
+        self.strides: dict[tuple[int, ...], int] = {}
+        self.dtypes: dict[torch.dtype, int] = {}
+
+    @staticmethod
+    def _ids(table: dict, items: tuple) -> np.ndarray:
+        for item in dict.fromkeys(items):
+            table.setdefault(item, len(table))
+        return np.fromiter(map(table.__getitem__, items), np.int64, len(items))
+
+    def rows(self, objs: Sequence[torch.Tensor], ptrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(kinds, views)`` of ``objs`` (at ``ptrs``)."""
+        m = len(objs)
+        shapes = self._ids(self.shapes, tuple(map(_shape, objs)))
+        dtypes = self._ids(self.dtypes, tuple(map(_dtype, objs)))
+        # sizes from the few distinct shapes and dtypes, not one more call per object
+        numel = np.array([math.prod(shape) for shape in self.shapes], dtype=np.int64)
+        itemsize = np.array([dtype.itemsize for dtype in self.dtypes], dtype=np.int64)
+        kind = np.stack([shapes, dtypes, numel[shapes] * itemsize[dtypes]], axis=1) if m else np.zeros((0, 3), np.int64)
+        strides = self._ids(self.strides, tuple(map(torch.Tensor.stride, objs)))
+        views = np.stack([ptrs, shapes, strides, dtypes], axis=1) if m else np.zeros((0, 4), np.int64)
+        return kind, views
 
 
 @dataclass
@@ -72,58 +104,45 @@ class _Slice:
     objs: tuple[torch.Tensor, ...]
     ptrs: np.ndarray
     contiguous: np.ndarray
-    kind: np.ndarray  # [n, 3] int64: shape id, dtype id, nbytes (equal rows: equal shape, dtype and size)
+    kind: np.ndarray  # [n, 3] int64, see :class:`_Kinds`
+    views: np.ndarray  # [n, 4] int64, see :class:`_Kinds`
 
     @property
     def nbytes(self) -> np.ndarray:
         return self.kind[:, 2]
 
     @classmethod
-    def read(
-        cls, pairs: Iterable[tuple[str, torch.Tensor]], shape_ids: dict[torch.Size, int], by_address: bool
-    ) -> _Slice:
-        """``shape_ids``: every shape seen so far -> its id (grows; exact: a dict compares the shapes it hashes).
-        ``by_address``: group names by address first (cheaper when most names are their own object; either way
+    def read(cls, names: list[str], tensors: Sequence[torch.Tensor], kinds: _Kinds, by_address: bool) -> _Slice:
+        """``by_address``: group names by address first (cheaper when most names are their own object; either way
         the grouping is the same)."""
-        chunk = list(pairs)
-        names, tensors = zip(*chunk, strict=True) if chunk else ((), ())
         n = len(tensors)
-        if by_address:  # many objects (an exporter's copies): each name's address first, ids only where one repeats
+        if by_address:  # many objects (an exporter's copies): addresses first, identities only where one repeats
             ptrs = np.fromiter(map(torch.Tensor.data_ptr, tensors), np.int64, n)
             _, first, inverse, counts = np.unique(ptrs, return_index=True, return_inverse=True, return_counts=True)
             inverse = inverse.reshape(-1)
             obj = first[inverse]  # each name's object, as the index of the object's first name
             shared = np.flatnonzero(counts[inverse] > 1)
-        else:  # few objects under many names (shared storage): object ids first, addresses per object
+        else:  # few objects under many names (shared storage): identities first, addresses per object
             ptrs, obj, shared = None, np.zeros(n, dtype=np.int64), np.arange(n)
         if len(shared):
-            ids = np.fromiter(map(id, _pick(tensors, shared)), np.uint64, len(shared))
-            _, id_first, id_inverse = np.unique(ids, return_index=True, return_inverse=True)
-            obj[shared] = shared[id_first][id_inverse.reshape(-1)]
+            members = _pick(tensors, shared)
+            keys = np.fromiter(map(_identity, members), np.int64, len(shared))
+            _, key_first, key_inverse = np.unique(keys, return_index=True, return_inverse=True)
+            obj[shared] = shared[key_first][key_inverse.reshape(-1)]
+            if not all(map(operator.is_, members, _pick(tensors, obj[shared]))):
+                raise RuntimeError("two live tensors hashed alike by object.__hash__ (not CPython?)")
         heads, position = np.unique(obj, return_inverse=True)  # objects in order of first appearance
         objs = _pick(tensors, heads)
         if ptrs is None:
             ptrs = np.zeros(n, dtype=np.int64)
             ptrs[heads] = np.fromiter(map(torch.Tensor.data_ptr, objs), np.int64, len(objs))
-        m = len(objs)
-        shapes, dtypes = tuple(map(_shape, objs)), tuple(map(_dtype, objs))
-        for shape in dict.fromkeys(shapes):
-            shape_ids.setdefault(shape, len(shape_ids))
-        kind = np.empty((m, 3), dtype=np.int64)
-        kind[:, 0] = np.fromiter(map(shape_ids.__getitem__, shapes), np.int64, m)
-        kind[:, 1] = np.fromiter(map(id, dtypes), np.int64, m)  # dtypes are singletons
-        # sizes from the few distinct (shape, dtype) pairs, not one more call per object
-        numel = np.array([math.prod(shape) for shape in shape_ids], dtype=np.int64)
-        _, dtype_of = np.unique(kind[:, 1], return_inverse=True)
-        first_of_dtype = _pick(dtypes, np.unique(dtype_of.reshape(-1), return_index=True)[1])
-        itemsize = np.array([d.itemsize for d in first_of_dtype], dtype=np.int64)
-        kind[:, 2] = numel[kind[:, 0]] * itemsize[dtype_of.reshape(-1)]
-        contiguous = np.fromiter(map(torch.Tensor.is_contiguous, objs), bool, m)
-        return cls(list(names), position.reshape(-1), objs, ptrs[heads], contiguous, kind)
+        contiguous = np.fromiter(map(torch.Tensor.is_contiguous, objs), bool, len(objs))
+        return cls(names, position.reshape(-1), objs, ptrs[heads], contiguous, *kinds.rows(objs, ptrs[heads]))
 
 
 _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
+_nbytes = operator.attrgetter("nbytes")
 
 
 def _mix(columns: np.ndarray) -> np.ndarray:
@@ -142,21 +161,64 @@ def _pick(items: Sequence, index: np.ndarray) -> tuple:
     return got if len(index) > 1 else (got,)
 
 
-def _take(stream: Iterator[tuple[str, torch.Tensor]], max_bytes: int | None) -> Iterable[tuple[str, torch.Tensor]]:
-    """The next slice of the stream: :data:`SLICE` pairs, fewer once its distinct tensors hold ``max_bytes``."""
-    if max_bytes is None:
-        return itertools.islice(stream, SLICE)
-    pairs: list[tuple[str, torch.Tensor]] = []
-    seen: set[int] = set()
-    held = 0
-    for pair in itertools.islice(stream, SLICE):
-        pairs.append(pair)
-        if id(pair[1]) not in seen:
-            seen.add(id(pair[1]))
-            held += pair[1].numel() * pair[1].element_size()
-            if held >= max_bytes:
-                break
-    return pairs
+@dataclass
+class Part:
+    """A few pairs of the stream, and its tensors by address (empty when the reader counts no bytes): what the
+    part holds, views of one memory counted once."""
+
+    names: Sequence[str]
+    tensors: Sequence[torch.Tensor]
+    by_address: dict[int, torch.Tensor]
+
+    @classmethod
+    def of(cls, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> Part:
+        return cls(names, tensors, dict(zip(map(torch.Tensor.data_ptr, tensors), tensors, strict=True)))
+
+
+class StreamReader:
+    """A ``(name, tensor)`` stream read in parts at C level (a Python step per pair costs more than the dedup of a
+    stream with shared storage). With ``slice_bytes``, a part grows, doubling from one pair up to :data:`PART`, while
+    the memory of the last one's tensors held at most a sixteenth of it, and halves when they held more: an
+    exporter handing out a copy per name is read a few pairs at a time, about an eighth of a slice ahead at most.
+    A stream that renames or holds back pairs on the way (the Megatron sync's) subclasses :meth:`part`, so its
+    pairs are read once."""
+
+    def __init__(self, stream: Iterable[tuple[str, torch.Tensor]], slice_bytes: int | None) -> None:
+        self.stream = iter(stream)
+        self.slice_bytes = slice_bytes
+        self.size = 1
+
+    def part(self, at_most: int = PART) -> Part | None:
+        """The next part, of at most ``at_most`` pairs; None at the end."""
+        counted = self.slice_bytes is not None
+        pairs = list(itertools.islice(self.stream, min(self.size, at_most) if counted else at_most))
+        if not pairs:
+            return None
+        names, tensors = zip(*pairs, strict=True)
+        if not counted:
+            return Part(names, tensors, {})
+        part = Part.of(names, tensors)
+        held = sum(map(_nbytes, part.by_address.values()))
+        self.size = min(PART, 2 * self.size) if 16 * held <= self.slice_bytes else max(1, self.size // 2)
+        return part
+
+
+def _take(reader: StreamReader, max_bytes: int | None) -> tuple[list[str], list[torch.Tensor]]:
+    """The next slice of the stream as ``(names, tensors)``: :data:`SLICE` pairs, fewer once its tensors' memory
+    holds ``max_bytes``."""
+    names: list[str] = []
+    tensors: list[torch.Tensor] = []
+    held, seen = 0, set()
+    while len(names) < SLICE and (max_bytes is None or held < max_bytes):
+        part = reader.part(SLICE - len(names))
+        if part is None:
+            break
+        names += part.names
+        tensors += part.tensors
+        if max_bytes is not None:
+            held += sum(map(_nbytes, map(part.by_address.__getitem__, part.by_address.keys() - seen)))
+            seen.update(part.by_address)
+    return names, tensors
 
 
 class _Deduper:
@@ -165,16 +227,17 @@ class _Deduper:
         self.slice_bytes = slice_bytes
         self.sent: list[torch.Tensor] = []
         self.kinds = np.zeros((0, 3), dtype=np.int64)  # per sent tensor, its kind (see ``_Slice.kind``); capacity grows
-        self.shape_ids: dict[torch.Size, int] = {}
+        self.kinds_seen = _Kinds()
         self.words: list[torch.Tensor] = []  # per sent tensor, its bytes readable as int32 words (itself, mostly)
         self.addrs: list[int] = []  # ... and their address
-        self.at: dict[int, list[tuple[tuple, int]]] = {}  # data_ptr -> [(view key, sent index)] of sent tensors
+        self.at: dict[tuple[int, ...], int] = {}  # view (see ``_Kinds``) -> the sent tensor showing it
+        self.sent_ptrs: list[int] = []
         self.prints: dict[int, int] = {}  # print (kind and fingerprint, mixed) -> the first sent value with it
         self.collided: dict[int, list[int]] = {}  # print -> further sent values with it (rare)
         self.refs: list[np.ndarray] = []  # per slice: the sent index of each of its names
         self.names: list[list[str]] = []  # per slice: its names
 
-    def _new(self, t: torch.Tensor, kind: np.ndarray, words: torch.Tensor | None = None) -> int:
+    def _new(self, t: torch.Tensor, kind: np.ndarray, view: np.ndarray, words: torch.Tensor | None = None) -> int:
         i = len(self.sent)
         words = t if words is None else words
         self.sent.append(t)
@@ -183,26 +246,26 @@ class _Deduper:
         self.kinds[i] = kind
         self.words.append(words)
         self.addrs.append(words.data_ptr())
-        self.at.setdefault(t.data_ptr(), []).append((_view_key(t), i))
+        self.at.setdefault(tuple(view.tolist()), i)
+        self.sent_ptrs.append(int(view[0]))
         return i
 
     def _by_view(self, sl: _Slice) -> tuple[np.ndarray, np.ndarray]:
         """``(ref, link)``: per object the sent index of the sent tensor whose view it shows (-1: none), and the
-        first object of this slice showing its view (itself: none earlier). Python work only for objects whose
-        address repeats in the slice or is a sent tensor's."""
+        first object of this slice showing its view (itself: none earlier). Only objects whose address repeats in
+        the slice or is a sent tensor's are looked at, and Python works per distinct view among them."""
         n = len(sl.objs)
         ref = np.full(n, -1, dtype=np.int64)
         link = np.arange(n)
         _, inverse, counts = np.unique(sl.ptrs, return_inverse=True, return_counts=True)
-        check = (counts[inverse.reshape(-1)] > 1) | np.isin(sl.ptrs, np.fromiter(self.at, np.int64, len(self.at)))
-        local: dict[tuple, int] = {}
-        for i in np.flatnonzero(check).tolist():
-            key = _view_key(sl.objs[i])
-            hit = next((s for k, s in self.at.get(key[0], ()) if k == key), None)
-            if hit is not None:
-                ref[i] = hit
-            else:
-                link[i] = local.setdefault(key, i)
+        sent_ptrs = np.array(self.sent_ptrs, dtype=np.int64)
+        check = np.flatnonzero((counts[inverse.reshape(-1)] > 1) | np.isin(sl.ptrs, sent_ptrs))
+        if len(check):
+            views, first, of_view = np.unique(sl.views[check], axis=0, return_index=True, return_inverse=True)
+            of_view = of_view.reshape(-1)
+            link[check] = check[first][of_view]
+            hits = map(self.at.get, map(tuple, views.tolist()), itertools.repeat(-1))
+            ref[check] = np.fromiter(hits, np.int64, len(views))[of_view]
         return ref, link
 
     def _same(self, words: torch.Tensor, kind: np.ndarray, v: int) -> bool:
@@ -211,7 +274,7 @@ class _Deduper:
     def _by_value(self, sl: _Slice, fresh: np.ndarray) -> np.ndarray:
         """Sent index of each ``fresh`` object (all showing distinct views): an earlier value proven equal, or new."""
         n = len(fresh)
-        objs, kinds = _pick(sl.objs, fresh), sl.kind[fresh]
+        objs, kinds, views = _pick(sl.objs, fresh), sl.kind[fresh], sl.views[fresh]
         ptrs, counts = sl.ptrs[fresh], (sl.nbytes[fresh] + 3) // 4
         words = list(objs)
         for i in np.flatnonzero(~(sl.contiguous[fresh] & (ptrs % 4 == 0) & (sl.nbytes[fresh] % 4 == 0))).tolist():
@@ -229,7 +292,7 @@ class _Deduper:
         new = np.flatnonzero(earlier < 0)
         for u in new[np.argsort(first[new])].tolist():  # a new print: a new value (in stream order)
             i = int(first[u])
-            ref[i] = self.prints[uniq_keys[u]] = self._new(objs[i], kinds[i], words[i])
+            ref[i] = self.prints[uniq_keys[u]] = self._new(objs[i], kinds[i], views[i], words[i])
         rest = np.flatnonzero(ref < 0)  # a value with the print exists: the same kind, then the same bytes
         cand = np.where(earlier[inverse[rest]] >= 0, earlier[inverse[rest]], ref[first[inverse[rest]]])
         equal = (kinds[rest] == self.kinds[cand]).all(axis=1)
@@ -246,7 +309,7 @@ class _Deduper:
             key = int(keys[i])
             values = [self.prints[key], *self.collided.get(key, ())]
             hit = next((v for v in values if self._same(words[i], kinds[i], v)), -1)
-            ref[i] = hit if hit >= 0 else self._new(objs[i], kinds[i], words[i])
+            ref[i] = hit if hit >= 0 else self._new(objs[i], kinds[i], views[i], words[i])
             if hit < 0:
                 self.collided.setdefault(key, []).append(int(ref[i]))
         return ref
@@ -255,20 +318,21 @@ class _Deduper:
         ref, link = self._by_view(sl)
         fresh = np.flatnonzero((ref < 0) & (link == np.arange(len(sl.objs))))
         if self.declared:
-            ref[fresh] = [self._new(sl.objs[i], sl.kind[i]) for i in fresh.tolist()]
+            ref[fresh] = [self._new(sl.objs[i], sl.kind[i], sl.views[i]) for i in fresh.tolist()]
         else:
             ref[fresh] = self._by_value(sl, fresh)
         ref = ref[link]  # views of an object of this slice: its value
         self.refs.append(ref[sl.of_name])
         self.names.append(sl.names)
 
-    def run(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Dedup:
-        stream = iter(pairs)
+    def run(self, pairs: Iterable[tuple[str, torch.Tensor]] | StreamReader) -> Dedup:
+        reader = pairs if isinstance(pairs, StreamReader) else StreamReader(pairs, self.slice_bytes)
         by_address = True
-        while (sl := _Slice.read(_take(stream, self.slice_bytes), self.shape_ids, by_address)).names:
+        while (taken := _take(reader, self.slice_bytes))[0]:
+            sl = _Slice.read(*taken, self.kinds_seen, by_address)
             self.slice(sl)
             by_address = len(sl.objs) > len(sl.names) // 4
-            del sl  # the slice's duplicates can go
+            del sl, taken  # the slice's duplicates can go
         refs = np.concatenate(self.refs) if self.refs else np.zeros(0, dtype=np.int64)
         names = list(itertools.chain.from_iterable(self.names))
         if len(set(names)) != len(names):
@@ -294,7 +358,7 @@ def _first_repeat(names: list[str]) -> str:
 
 
 def deduplicate(
-    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+    adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | StreamReader,
     *,
     shared_storage: bool = False,
     slice_bytes: int | None = None,
@@ -302,6 +366,7 @@ def deduplicate(
     """``shared_storage``: the exporter declares that it hands out one storage for all names of one tensor
     (Megatron-Bridge ``share_expert_adapters``), so distinct storages are distinct tensors and no value is
     compared. Without it, equality is proven. Exact either way: a wrong declaration only sends a duplicate.
-    ``slice_bytes``: a slice also ends once its distinct tensors hold this many bytes, bounding the exporter's
-    duplicates held at once (an exporter of copies materialises every name: ~1 GB per 4,096 names on GLM-5.3)."""
+    ``slice_bytes``: a slice also ends once its tensors' memory holds this many bytes, bounding the exporter's
+    duplicates held at once (an exporter of copies materialises every name: ~1 GB per 4,096 names on GLM-5.3).
+    A :class:`StreamReader` is read as it is (its own ``slice_bytes`` sizes its parts)."""
     return _Deduper(shared_storage, slice_bytes).run(adapter.items() if isinstance(adapter, Mapping) else adapter)
