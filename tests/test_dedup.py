@@ -131,3 +131,16 @@ def test_mixed_stream_matches_a_brute_force_reference(seed):
     assert d.names == reference
     assert list(d.unique) == list(reference)  # sent in stream order of first appearance
     assert d.public_count == len(stream)
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_views_at_one_address_are_one_tensor_only_with_the_same_shape_strides_and_dtype(declared):
+    """Grouped in bulk by (address, shape, strides, dtype): the transpose, a reshape and a reinterpretation of one
+    storage each stay their own tensor, however many further view objects show them, declared or not."""
+    base = torch.randn(6, 6)  # square: its transpose has its shape and address, only the strides differ
+    views = {"a": base, "t": base.t(), "flat": base.view(36), "int": base.view(torch.int32)}
+    stream = [(f"{k}{i}", v.view(v.shape)) for i in range(3) for k, v in views.items()]  # a new object per name
+    d = deduplicate(stream, shared_storage=declared)
+    assert sorted(d.names) == ["a0", "flat0", "int0", "t0"]
+    assert all(d.names[f"{k}0"] == [f"{k}{i}" for i in range(3)] for k in views)
+    assert all(torch.equal(d.unique[f"{k}0"], v) and d.unique[f"{k}0"].dtype == v.dtype for k, v in views.items())

@@ -26,6 +26,7 @@ from skyrl_glm.bench.procs import LocalChannel, StoreChannel, free_port
 from skyrl_glm.bench.report import PATH_LABELS, _summarise
 from skyrl_glm.bench.sides import Receiver, Sender, make_transport
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, synthetic_adapter
+from skyrl_glm.provenance import provenance
 
 # ---------------------------------------------------------------------------------------------------- protocol
 
@@ -175,21 +176,10 @@ def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> N
 
 
 def _machine(opts: BenchOptions) -> dict[str, Any]:
-    m: dict[str, Any] = {
-        "host": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-    try:
-        from importlib.metadata import version
-
-        m["skyrl"] = version("skyrl")
-    except Exception:  # noqa: BLE001
-        m["skyrl"] = None
-    if torch.cuda.is_available():
-        m["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        m["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if opts.transport == "nccl" else None
+    """What :func:`~skyrl_glm.provenance.provenance` does not say: the host's size, and NCCL's version."""
+    m: dict[str, Any] = {"host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    if opts.transport == "nccl" and torch.cuda.is_available():
+        m["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     return m
 
 
@@ -238,7 +228,7 @@ def run_sync_bench(opts: BenchOptions) -> dict[str, Any]:
         }
     return {
         "command": "skyrl-glm bench sync",
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        **provenance(),
         "options": asdict(opts),
         "machine": _machine(opts),
         "adapter": {
