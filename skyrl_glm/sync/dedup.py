@@ -1,15 +1,17 @@
 """Exact deduplication of an exported adapter: each unique tensor once, with every public name that shows it.
 
 The exporter's stream is ``(public name, tensor)`` pairs; a full GLM-5.3 export has 116,292 names over 1,389 unique
-tensors. Work is in bulk per slice of 4,096 pairs: each object's address, shape, dtype and contiguity are read once by
-C-level maps while the slice is in the CPU cache, and everything after is numpy (no Python loop per name or per
-object on the common paths; with exporter copies every pass over the objects costs a cache miss each):
+tensors. The stream is read in parts at C level (:class:`StreamReader`; a stream that renames on the way, like the
+Megatron sync's, is a reader of its own), and work is in bulk per slice of 4,096 pairs: each object's address,
+shape, strides, dtype and contiguity are read once by C-level maps while the slice is in the CPU cache, and
+everything after is numpy (no Python step per name, and none per object on the common paths; with exporter copies
+every pass over the objects costs a cache miss each):
 
 1. **Objects.** Names are grouped by object: by address first where objects are many (copies), by object identity
    where few (shared storage); either way the same grouping.
-2. **Views.** Objects showing one storage view (data pointer, shape, strides, dtype) are one tensor; no value is
-   compared. Only tensors being sent are remembered by address: a dropped duplicate's memory may come back from
-   the exporter's allocator holding another value.
+2. **Views.** Objects showing one storage view (data pointer, shape, strides, dtype: one ``np.unique`` over their
+   ids) are one tensor; no value is compared. Only tensors being sent are remembered by address: a dropped
+   duplicate's memory may come back from the exporter's allocator holding another value.
 3. **Values**, unless the exporter declares its sharing (``shared_storage``: Megatron-Bridge's
    ``share_expert_adapters`` hands out one storage under every expert name, so distinct storages are distinct
    values). Each new object gets a *print*: its kind (exact shape id, dtype, size) and its checksum's two sums
