@@ -25,6 +25,8 @@ from skyrl_glm.bench.verify import compare_exact
 from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.manifest import DTYPES
 
+ROUTED_FAMILY = "glm-5.3"  # whose target records name and shape the routed adapter
+
 
 @dataclass
 class RoutingRunOptions:
@@ -70,7 +72,7 @@ class RoutingRunOptions:
             "head_dim",
         )
         config = {k: getattr(cfg, k, None) for k in keys}
-        tg = registry().model("glm-5.3").lora.resolve(sampler="vllm")
+        tg = registry().model(ROUTED_FAMILY).lora.resolve(sampler="vllm")
         return RoutingRunOptions(**{**asdict(self), "config": config, "targets": tg})
 
     def model_config(self) -> Any:
@@ -102,16 +104,18 @@ def ep_sharded_exports(opts: RoutingRunOptions, only: int | None = None) -> list
     and the routed-expert names of the experts it owns (contiguous blocks), all carrying that rank's one shared
     expert adapter (``share_expert_adapters``: one adapter per EP rank), as one tensor object per (layer, A/B)."""
     from skyrl_glm.lora.bridge import synthetic_bridge_export
+    from skyrl_glm.plugins import registry
 
     opts = opts.resolved()
     cfg, tg, dtype = opts.model_config(), opts.targets, DTYPES[opts.dtype]
+    lora = registry().model(ROUTED_FAMILY).lora
     if opts.experts % opts.senders:
         raise ValueError(f"{opts.experts} experts do not split over EP {opts.senders}")
     per = opts.experts // opts.senders
-    base = list(synthetic_bridge_export(cfg, rank=opts.rank, targets=tg, dtype=dtype, seed=opts.seed))
+    base = list(synthetic_bridge_export(cfg, lora, rank=opts.rank, targets=tg, dtype=dtype, seed=opts.seed))
     streams = []
     for s in range(opts.senders) if only is None else [only]:
-        own = dict(synthetic_bridge_export(cfg, rank=opts.rank, targets=tg, dtype=dtype, seed=opts.seed + 1 + s))
+        own = dict(synthetic_bridge_export(cfg, lora, rank=opts.rank, targets=tg, dtype=dtype, seed=opts.seed + 1 + s))
         stream = []
         for name, t in base:
             e = _expert_of(name)

@@ -90,7 +90,9 @@ def synthetic_adapter(opts: BenchOptions) -> Synthetic:
 
     family, cfg = model_config(opts.model, opts.config, opts.layers)
     targets = family.lora.resolve(sampler="vllm")
-    specs = bridge_export_specs(cfg, rank=opts.rank, targets=targets, share_expert_adapters=opts.share_experts)
+    specs = bridge_export_specs(
+        cfg, family.lora, rank=opts.rank, targets=targets, share_expert_adapters=opts.share_experts
+    )
     unique = synthetic_values(specs, dtype=DTYPES[opts.dtype], seed=opts.seed)
     names = {PEFT_PREFIX + s.name: s.storage for s in specs}
     return Synthetic(names, unique, targets, int(getattr(cfg, "n_routed_experts", 0) or 0))
