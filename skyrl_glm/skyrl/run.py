@@ -16,7 +16,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from skyrl_glm.skyrl.summary import RunSummary
 
 OVERRIDE_ENTRYPOINT = "trainer.override_entrypoint="
 TINY_PREFIX = "tiny:"
@@ -100,7 +103,7 @@ def _start_ray(cfg: Any, run_env: dict[str, str]) -> None:
     sync_registries()
 
 
-def _experiment(cfg: Any) -> dict[str, Any]:
+def _experiment(cfg: Any) -> RunSummary:
     """Body of the Ray task that runs the experiment (SkyRL keeps the training loop off the driver)."""
     from skyrl_glm.skyrl.run_log import log_to_stderr
 
@@ -113,33 +116,32 @@ def _experiment(cfg: Any) -> dict[str, Any]:
     return GlmPPOExp(cfg).run()
 
 
-def report_summary(cfg: Any, summary: dict[str, Any]) -> Path:
+def report_summary(cfg: Any, summary: RunSummary) -> Path:
     """Log the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json``."""
     import json
 
-    syncs = [s["seconds"] for s in summary["syncs"]]
     log = logging.getLogger("skyrl_glm.train")
     log.info(
         "%d syncs (mode %s), seconds per sync: %s (mean %.3f)",
-        len(syncs),
-        summary["sync_mode"],
-        " ".join(f"{s:.3f}" for s in syncs),
-        sum(syncs) / max(len(syncs), 1),
+        len(summary.syncs),
+        summary.sync_mode,
+        " ".join(f"{s.seconds:.3f}" for s in summary.syncs),
+        summary.mean_sync_seconds(),
     )
-    if "check" in summary:
-        log.info("handoff check before step 1: %s", "PASS" if summary["check"]["passed"] else "FAIL")
-    for a in summary["agree"]:
+    if summary.check is not None:
+        log.info("handoff check before step 1: %s", "PASS" if summary.check.passed else "FAIL")
+    for a in summary.agree:
         log.info(
             "after sync %d: sampler vs trainer logprobs prefill max %.3g, decode max %s; max|lora_B| %.3g: %s",
-            a["sync"],
-            a["prefill_max"],
-            "-" if a["decode_max"] is None else f"{a['decode_max']:.3g}",
-            a["lora_b_max"],
-            "agree" if a["passed"] else "DISAGREE",
+            a.sync,
+            a.prefill_max,
+            "-" if a.decode_max is None else f"{a.decode_max:.3g}",
+            a.lora_b_max,
+            "agree" if a.passed else "DISAGREE",
         )
     path = Path(cfg.trainer.log_path) / "skyrl_glm_summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2))
+    path.write_text(json.dumps(summary.to_json(), indent=2))
     return path
 
 
@@ -161,19 +163,17 @@ def opening_lines(cfg: Any, log_file: Path, verbose: bool) -> list[str]:
     ]
 
 
-def closing_lines(cfg: Any, summary: dict[str, Any], summary_file: Path, log_file: Path, seconds: float) -> list[str]:
+def closing_lines(cfg: Any, summary: RunSummary, summary_file: Path, log_file: Path, seconds: float) -> list[str]:
     """Where the run's outputs are: the summary JSON, the export directory, the logs, the report command."""
     import shlex
 
-    syncs = [s["seconds"] for s in summary["syncs"]]
-    check = summary.get("check")
-    verdict = "off" if check is None else ("PASS" if check["passed"] else "FAIL")
-    agreed = sum(a["passed"] for a in summary["agree"])
+    verdict = "off" if summary.check is None else ("PASS" if summary.check.passed else "FAIL")
+    agreed = sum(a.passed for a in summary.agree)
     export = Path(cfg.trainer.export_path).resolve()
     lines = [
-        f"trained in {seconds:.0f} s: {len(syncs)} syncs ({summary['sync_mode']}, mean "
-        f"{sum(syncs) / max(len(syncs), 1):.3f} s), handoff check {verdict}, agree checks {agreed}/"
-        f"{len(summary['agree'])} ok",
+        f"trained in {seconds:.0f} s: {len(summary.syncs)} syncs ({summary.sync_mode}, mean "
+        f"{summary.mean_sync_seconds():.3f} s), handoff check {verdict}, agree checks {agreed}/"
+        f"{len(summary.agree)} ok",
         f"  summary  {summary_file.resolve()}",
         f"  export   {export}",
         f"  log      {log_file}",
