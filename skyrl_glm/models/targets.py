@@ -185,38 +185,27 @@ def moe_mlp() -> list[LoraTarget]:
     # Routed experts: FusedMoEWithLoRA (fully_sharded_loras=False); with enable_expert_parallel expert e lives
     # whole on EP rank e // (E / ep).
     routed = {"vllm-cpu": ROUTED_EXPERTS_CPU, "vllm-cpu+skyrl": ROUTED_EXPERTS_CPU}
-    shared, experts = "model.layers.{layer}.mlp.shared_experts.", "model.layers.{layer}.mlp.experts.{expert}."
+    experts = "model.layers.{layer}.mlp.experts.{expert}."
+
+    def shared_expert(proj: str, megatron: str, vllm: str, tp_style: str, shape: Any) -> LoraTarget:
+        module = f"model.layers.{{layer}}.mlp.shared_experts.{proj}"
+        return LoraTarget(
+            f"shared_experts.{proj}",
+            megatron,
+            "shared_expert",
+            vllm=vllm,
+            tp_style=tp_style,
+            modules=(module,),
+            shape=shape,
+        )
+
     return [
         LoraTarget("mlp.gate_proj", "linear_fc1", "dense_mlp", vllm="gate_up_proj", tp_style=COLUMN, shape=_dense_in),
         LoraTarget("mlp.up_proj", "linear_fc1", "dense_mlp", vllm="gate_up_proj", tp_style=COLUMN, shape=_dense_in),
         LoraTarget("mlp.down_proj", "linear_fc2", "dense_mlp", vllm="down_proj", tp_style=ROW, shape=_dense_out),
-        LoraTarget(
-            "shared_experts.gate_proj",
-            "linear_fc1",
-            "shared_expert",
-            vllm="gate_up_proj",
-            tp_style=COLUMN,
-            modules=(shared + "gate_proj",),
-            shape=_shared_in,
-        ),
-        LoraTarget(
-            "shared_experts.up_proj",
-            "linear_fc1",
-            "shared_expert",
-            vllm="gate_up_proj",
-            tp_style=COLUMN,
-            modules=(shared + "up_proj",),
-            shape=_shared_in,
-        ),
-        LoraTarget(
-            "shared_experts.down_proj",
-            "linear_fc2",
-            "shared_expert",
-            vllm="down_proj",
-            tp_style=ROW,
-            modules=(shared + "down_proj",),
-            shape=_shared_out,
-        ),
+        shared_expert("gate_proj", "linear_fc1", "gate_up_proj", COLUMN, _shared_in),
+        shared_expert("up_proj", "linear_fc1", "gate_up_proj", COLUMN, _shared_in),
+        shared_expert("down_proj", "linear_fc2", "down_proj", ROW, _shared_out),
         LoraTarget(
             "mlp.experts.gate_up_proj",
             "linear_fc1",
