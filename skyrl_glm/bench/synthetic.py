@@ -34,19 +34,22 @@ class BenchOptions:
     disk_dir: str | None = None
 
     def resolved(self) -> BenchOptions:
+        from skyrl_glm.plugins import registry
+
         o = BenchOptions(**asdict(self))
+        transport = registry().transport(o.transport)
         cuda = torch.cuda.is_available()
         if o.alpha is None:
             o.alpha = float(2 * o.rank)
         if o.device is None:
             o.device = "cuda:0" if cuda and o.transport != "cpu" else "cpu"
         if o.recv_device is None:
-            if o.transport == "nccl" and o.device.startswith("cuda"):
+            if transport.needs_group and o.device.startswith("cuda"):
                 o.recv_device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
             else:
                 o.recv_device = o.device
-        if o.transport == "ipc" and not (o.device.startswith("cuda") and o.recv_device.startswith("cuda")):
-            raise SystemExit("--transport ipc needs CUDA devices (--device cuda:N)")
+        if transport.needs_cuda and not (o.device.startswith("cuda") and o.recv_device.startswith("cuda")):
+            raise SystemExit(f"--transport {o.transport} moves CUDA memory: it needs CUDA devices (--device cuda:N)")
         if o.dtype not in DTYPES:
             raise SystemExit(f"--dtype must be one of {sorted(DTYPES)}")
         return o
