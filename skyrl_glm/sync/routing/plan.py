@@ -61,16 +61,16 @@ def _module_patterns() -> dict[str, list[tuple[re.Pattern[str], str]]]:
     from skyrl_glm.plugins import registry
 
     target_of: dict[str, str] = {}
+    by_leaf: dict[str, list[tuple[re.Pattern[str], str]]] = {}
     for family in registry().models.values():
         for t in family.lora.targets:
-            for rx in t.module_regexes():
-                if target_of.setdefault(rx.pattern, t.hf) != t.hf:
-                    raise RoutingError(
-                        f"model families name module {rx.pattern!r} both {target_of[rx.pattern]!r} and {t.hf!r}"
-                    )
-    by_leaf: dict[str, list[tuple[re.Pattern[str], str]]] = {}
-    for pattern, target in target_of.items():
-        by_leaf.setdefault(pattern.rsplit(".", 1)[-1], []).append((re.compile(pattern), target))
+            for pattern, rx in zip(t.modules, t.module_regexes(), strict=True):
+                known = target_of.setdefault(pattern, t.hf)
+                if known != t.hf:
+                    raise RoutingError(f"model families name module {pattern!r} both {known!r} and {t.hf!r}")
+                same_leaf = by_leaf.setdefault(pattern.rsplit(".", 1)[-1], [])
+                if (rx, t.hf) not in same_leaf:
+                    same_leaf.append((rx, t.hf))
     return by_leaf
 
 
