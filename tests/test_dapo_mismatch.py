@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from skyrl.train.utils.callbacks import CallbackHandler, CallbackInput, TrainingControl
 
 from skyrl_glm.dapo.mismatch import MismatchMetrics
+from skyrl_glm.skyrl.summary import RunSummary
 
 
 def _log(handler: CallbackHandler, trainer, step: int, logs: dict) -> None:
@@ -16,7 +17,7 @@ def _log(handler: CallbackHandler, trainer, step: int, logs: dict) -> None:
 
 
 def test_mismatch_numbers_of_each_step_kept_others_not():
-    trainer = SimpleNamespace(summary={"syncs": []})
+    trainer = SimpleNamespace(summary=RunSummary("memory"))
     handler = CallbackHandler([MismatchMetrics()])
     _log(handler, trainer, 0, {"eval/all/avg_score": -1.0})  # the eval before training: nothing to keep
     _log(handler, trainer, 1, {
@@ -27,7 +28,7 @@ def test_mismatch_numbers_of_each_step_kept_others_not():
         "policy/policy_loss": 0.5,
         "timing/step": 3.0,
     })
-    assert trainer.summary["mismatch"] == [{
+    assert trainer.summary.mismatch == [{
         "step": 1,
         "policy/rollout_train_logprobs_abs_diff_mean": 0.02,
         "policy/loss_metrics/is_ratio_mean": 1.01,

@@ -116,7 +116,7 @@ def test_bridge_names_from_peft(cfg, peft_sd):
     assert torch.equal(br[f"{k}.gate_proj.lora_A.weight"], br[f"{k}.up_proj.lora_A.weight"])
     # Bridge's names are exactly what its spec says for these targets
     specs = bridge_export_specs(
-        cfg, rank=R, targets=glm5.FAMILY.lora.resolve(sampler="vllm"), share_expert_adapters=False
+        cfg, glm5.FAMILY.lora, rank=R, targets=glm5.FAMILY.lora.resolve(sampler="vllm"), share_expert_adapters=False
     )
     assert sorted(s.name for s in specs) == sorted(br)
     assert all(tuple(br[s.name].shape) == s.shape for s in specs)
@@ -189,7 +189,9 @@ def test_shared_expert_bridge_export_loads_into_peft(cfg):
     from peft import set_peft_model_state_dict
 
     targets = glm5.FAMILY.lora.resolve(sampler="vllm")
-    export = list(synthetic_bridge_export(cfg, rank=R, targets=targets, share_expert_adapters=True, seed=5))
+    export = list(
+        synthetic_bridge_export(cfg, glm5.FAMILY.lora, rank=R, targets=targets, share_expert_adapters=True, seed=5)
+    )
     k0 = "model.layers.1.mlp.experts.0.down_proj.lora_B.weight"
     k3 = "model.layers.1.mlp.experts.3.down_proj.lora_B.weight"
     named = dict(export)

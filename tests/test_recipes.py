@@ -11,8 +11,8 @@ from skyrl.train.utils.utils import validate_cfg
 
 from skyrl_glm.cli import main
 from skyrl_glm.plugins import registry
-from skyrl_glm.recipes_cli import dry_run
 from skyrl_glm.skyrl.config import ConfigError, load_config, packaged_recipes, resolved_transport
+from skyrl_glm.skyrl.recipes_cli import dry_run
 
 GLM_RECIPES = {"glm53_dapo_math": "glm-5.3", "glm53_flash_dapo_math_2node": "glm-5.3-flash"}
 
@@ -225,7 +225,7 @@ def test_cli_bad_input_one_line_exit_2(argv, capsys):
 
 
 def test_train_refuses_a_target_the_sampler_ignores_before_starting_anything(capsys):
-    from skyrl_glm.train import run_command
+    from skyrl_glm.skyrl.run import run_command
 
     bad = "trainer.policy.model.lora.target_modules=[linear_proj,linear_kv_up_proj]"
     assert run_command(["glm53_flash_dapo_math_2node", bad]) == 2

@@ -15,16 +15,20 @@ def test_tiny_sizes_equal_an_allocated_export():
     cfg.vocab_size = glm5.FAMILY.tiny_vocab_size
     targets = glm5.FAMILY.lora.resolve(sampler="vllm")
     for share in (True, False):
-        s = adapter_sizes(cfg, rank=32, targets=targets, share_expert_adapters=share, dtype=torch.bfloat16)
+        s = adapter_sizes(
+            cfg, glm5.FAMILY.lora, rank=32, targets=targets, share_expert_adapters=share, dtype=torch.bfloat16
+        )
         export = list(
-            synthetic_bridge_export(cfg, rank=32, targets=targets, share_expert_adapters=share, dtype=torch.bfloat16)
+            synthetic_bridge_export(
+                cfg, glm5.FAMILY.lora, rank=32, targets=targets, share_expert_adapters=share, dtype=torch.bfloat16
+            )
         )
         uniq = {id(t): t for _, t in export}
         assert s.public_tensors == len(export)
         assert s.public_bytes == sum(t.numel() * t.element_size() for _, t in export)
         assert s.unique_tensors == len(uniq)
         assert s.unique_bytes == sum(t.numel() * t.element_size() for t in uniq.values())
-    shared = adapter_sizes(cfg, rank=32, targets=targets)
+    shared = adapter_sizes(cfg, glm5.FAMILY.lora, rank=32, targets=targets)
     # 2 MoE layers x 4 experts x 6 names; 5 distinct tensors per MoE layer (fc1 A, gate B, up B, fc2 A, fc2 B)
     assert shared.by_kind["routed_expert"][0] == 2 * 4 * 6
     assert shared.by_kind["routed_expert"][2] == 2 * 5

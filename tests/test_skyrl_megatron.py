@@ -137,7 +137,9 @@ def assert_bit_exact(got: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 def glm53_export(copies: bool) -> tuple[list[tuple[str, torch.Tensor]], int]:
     family, cfg = model_config("glm-5.3", "tiny", None)
     targets = family.lora.resolve(sampler="vllm")
-    stream = list(synthetic_bridge_export(cfg, rank=RANK, targets=targets, dtype=torch.bfloat16, copies=copies))
+    stream = list(
+        synthetic_bridge_export(cfg, family.lora, rank=RANK, targets=targets, dtype=torch.bfloat16, copies=copies)
+    )
     return stream, cfg.n_routed_experts
 
 
@@ -230,7 +232,7 @@ from skyrl_glm.sync.publisher import InMemoryPublisher
 copies, gather = sys.argv[1] == "copies", sys.argv[2] == "gather"
 family, cfg = model_config("glm-5.3", "full", 1)
 targets = family.lora.resolve(sampler="vllm")
-stream = synthetic_bridge_export(cfg, rank=64, targets=targets, dtype=torch.bfloat16, copies=copies)
+stream = synthetic_bridge_export(cfg, family.lora, rank=64, targets=targets, dtype=torch.bfloat16, copies=copies)
 first = next(stream)  # the exporter's live adapter exists before the sync starts
 def kib(field):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":"))

@@ -150,10 +150,16 @@ def test_sync_verify_off_skips_only_the_per_tensor_checks() -> None:
 
 
 class SyncingWorker(FakeMegatronWorker):
-    """The mixin's publish step with a stand-in adapter export (the real one is Megatron-Bridge's)."""
+    """The mixin's publish step with a stand-in adapter export (the real one is Megatron-Bridge's) and a
+    recording publisher standing in for the vLLM servers."""
+
+    publisher: RecordingPublisher
 
     def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return {"a.lora_A.weight": torch.ones(2, 8), "a.lora_B.weight": torch.ones(8, 2)}, {"r": 2}
+
+    def _glm_new_publisher(self, client: Any, lora_name: str) -> Any:
+        return self.publisher
 
 
 class RecordingPublisher:
@@ -185,7 +191,7 @@ def one_rank(tmp_path: Path):
 def test_publish_counts_versions_and_the_no_publish_fault_sends_nothing_after_the_first() -> None:
     worker = SyncingWorker(merge_lora=False)
     worker.skyrl_glm_configure({"mode": "memory", "transport": "cpu", "bucket_bytes": 1 << 20, "fault": "no-publish"})
-    worker._glm_publisher = publisher = RecordingPublisher(fail=False)  # type: ignore[assignment]
+    worker.publisher = publisher = RecordingPublisher(fail=False)
     for _ in range(3):
         asyncio.run(worker._glm_publish(None, "skyrl-lora"))
     assert publisher.versions == [1]  # versions 2 and 3 "succeeded" without being sent
@@ -201,7 +207,7 @@ def test_publish_counts_versions_and_the_no_publish_fault_sends_nothing_after_th
 def test_a_failed_publish_raises_after_the_barrier_with_its_reason() -> None:
     worker = SyncingWorker(merge_lora=False)
     worker.skyrl_glm_configure({"mode": "memory", "transport": "cpu", "bucket_bytes": 1 << 20})
-    worker._glm_publisher = RecordingPublisher(fail=True)  # type: ignore[assignment]
+    worker.publisher = RecordingPublisher(fail=True)
     with pytest.raises(RuntimeError, match="version 1 failed: ConnectionError: server gone"):
         asyncio.run(worker._glm_publish(None, "skyrl-lora"))
     assert worker.skyrl_glm_last_sync()["ok"] is False  # type: ignore[index]

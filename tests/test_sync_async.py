@@ -59,12 +59,10 @@ def async_sampler(glm45_dir, loop):
     family = registry().model("glm-4.5")
     kwargs = vllm_engine_kwargs(family, glm45_dir, lora_targets=family.lora.resolve(sampler="vllm-cpu"), device="cpu")
     assert kwargs["dtype"] == "float32"
-    kwargs.pop("model")
-    kwargs.pop("enable_lora")
 
     async def make():  # built on the loop that serves it
         # max_loras=3: the long v1 request, a v2 and a v3 request share batches
-        return AsyncVllmEngineSampler(str(glm45_dir), max_lora_rank=8, max_loras=3, max_cpu_loras=4, **kwargs)
+        return AsyncVllmEngineSampler({**kwargs, "max_loras": 3, "max_cpu_loras": 4}, max_lora_rank=8)
 
     sampler = loop.run(make())
     yield sampler

@@ -127,15 +127,15 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-load-") as tmp:
         model_dir = full_width_model(Path(tmp) / "model", layers)
         t0 = time.perf_counter()
-        sampler = VllmEngineSampler(
-            str(model_dir),
-            max_lora_rank=_engine_lora_rank(rank),
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            dtype="bfloat16",
-            lora_target_modules=family.lora.vllm_modules(syn.targets),
-            gpu_memory_utilization=0.85,
-        )
+        engine = {
+            "model": str(model_dir),
+            "load_format": "dummy",
+            "skip_tokenizer_init": True,
+            "dtype": "bfloat16",
+            "lora_target_modules": family.lora.vllm_modules(syn.targets),
+            "gpu_memory_utilization": 0.85,
+        }
+        sampler = VllmEngineSampler(engine, max_lora_rank=_engine_lora_rank(rank))
         engine_s = time.perf_counter() - t0
         transport = registry().transport("ipc")()
         publishers = {

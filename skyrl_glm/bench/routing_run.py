@@ -25,6 +25,8 @@ from skyrl_glm.bench.verify import compare_exact
 from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.manifest import DTYPES
 
+ROUTED_FAMILY = "glm-5.3"  # whose target records name and shape the routed adapter
+
 
 @dataclass
 class RoutingRunOptions:
@@ -70,7 +72,7 @@ class RoutingRunOptions:
             "head_dim",
         )
         config = {k: getattr(cfg, k, None) for k in keys}
-        tg = registry().model("glm-5.3").lora.resolve(sampler="vllm")
+        tg = registry().model(ROUTED_FAMILY).lora.resolve(sampler="vllm")
         return RoutingRunOptions(**{**asdict(self), "config": config, "targets": tg})
 
     def model_config(self) -> Any:
@@ -102,16 +104,18 @@ def ep_sharded_exports(opts: RoutingRunOptions, only: int | None = None) -> list
     and the routed-expert names of the experts it owns (contiguous blocks), all carrying that rank's one shared
     expert adapter (``share_expert_adapters``: one adapter per EP rank), as one tensor object per (layer, A/B)."""
     from skyrl_glm.lora.bridge import synthetic_bridge_export
+    from skyrl_glm.plugins import registry
 
     opts = opts.resolved()
     cfg, tg, dtype = opts.model_config(), opts.targets, DTYPES[opts.dtype]
+    lora = registry().model(ROUTED_FAMILY).lora
     if opts.experts % opts.senders:
         raise ValueError(f"{opts.experts} experts do not split over EP {opts.senders}")
     per = opts.experts // opts.senders
-    base = list(synthetic_bridge_export(cfg, rank=opts.rank, targets=tg, dtype=dtype, seed=opts.seed))
+    base = list(synthetic_bridge_export(cfg, lora, rank=opts.rank, targets=tg, dtype=dtype, seed=opts.seed))
     streams = []
     for s in range(opts.senders) if only is None else [only]:
-        own = dict(synthetic_bridge_export(cfg, rank=opts.rank, targets=tg, dtype=dtype, seed=opts.seed + 1 + s))
+        own = dict(synthetic_bridge_export(cfg, lora, rank=opts.rank, targets=tg, dtype=dtype, seed=opts.seed + 1 + s))
         stream = []
         for name, t in base:
             e = _expert_of(name)
@@ -140,90 +144,105 @@ def layout(opts: RoutingRunOptions):
     return ReceiverLayout(opts.tp, opts.expert_parallel, opts.experts)
 
 
+def _plan_owned(rank: int, opts: RoutingRunOptions, chan: StoreChannel) -> tuple[Any, dict[str, Any]]:
+    """A sender: announce the names it holds, plan (dedup + fold) those it owns, publish its manifest."""
+    from skyrl_glm.sync.plan import build_plan
+    from skyrl_glm.sync.routing.plan import assign_owners
+
+    stream = ep_sharded_exports(opts, only=rank)[0]
+    chan.put(f"names/{rank}", json.dumps([n for n, _ in stream]))
+    owned = set(assign_owners([json.loads(chan.get(f"names/{s}")) for s in range(opts.senders)])[rank])
+    sp = build_plan(
+        ((n, t) for n, t in stream if n in owned),
+        adapter_config=adapter_config(opts.rank, opts.alpha, opts.resolved().targets),
+        lora_name="policy",
+        version=opts.version,
+        bucket_bytes=opts.bucket_bytes,
+    )
+    chan.put(f"manifest/{rank}", sp.manifest.to_json())
+    held = {"held": len(stream), "owned": len(owned), "unique": len(sp.tensors)}
+    return sp, {**held, "sent_names": [e.name for e in sp.manifest.tensors], "owned_names": sorted(owned)}
+
+
+def _send(rank: int, plan: Any, sp: Any, transport: Any, chan: StoreChannel) -> dict[str, Any]:
+    """A sender: publish its pieces' checksums, broadcast its routes; what it sent (rank 0: the whole plan)."""
+    from skyrl_glm.sync.routing.transport import piece_checksums, route_label
+
+    sums, tensors = piece_checksums(plan, rank, sp)
+    chan.put(f"sums/{rank}", json.dumps(sums))
+    for route in plan.routes_from(rank):
+        transport.send_route(route, tensors[route.key])
+    report: dict[str, Any] = {
+        "pieces": {
+            route_label(r.key): [[p.sent, None if p.slice is None else asdict(p.slice), p.nbytes] for p in r.pieces]
+            for r in plan.routes_from(rank)
+        }
+    }
+    if rank == 0:
+        routes = [
+            {
+                "label": route_label(r.key),
+                "pieces": len(r.pieces),
+                "payload_bytes": r.nbytes,
+                "wire_bytes": r.manifest.total_bytes,
+                "buckets": len(r.manifest.buckets()),
+            }
+            for r in plan.routes
+        ]
+        report["plan"] = {"wire_table": plan.wire_table(), "routes": routes}
+    return report
+
+
+def _receive(receiver: int, opts: RoutingRunOptions, plan: Any, transport: Any, chan: StoreChannel) -> dict[str, Any]:
+    """A receiver: its manifest from the plan and the senders' checksums, the real receive, a bit-exact compare
+    with its slices of the full reference adapter."""
+    from skyrl_glm.sync.receiver import AdapterReceiver
+    from skyrl_glm.sync.routing.plan import expected_slices
+
+    sums: dict[str, str] = {}
+    for s in range(opts.senders):
+        sums.update(json.loads(chan.get(f"sums/{s}")))
+    manifest, handle = plan.receiver_update(receiver, sums)
+    got = AdapterReceiver("cpu").receive(manifest.to_json(), handle, transport)
+    full = full_reference(opts)
+    return {
+        **compare_exact(got.tensors, expected_slices(full, plan.layout, receiver)),
+        "staged_bytes": manifest.total_bytes,
+        "sent_tensors": len(manifest.tensors),
+        "aliases": len(manifest.aliases),
+        "sliced_names": sum(1 for n, t in got.tensors.items() if t.shape != full[n].shape),
+    }
+
+
 def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
+    """One world rank: join the gloo group, plan, send or receive, write its report."""
     import torch.distributed as dist
 
     from skyrl_glm.sync.manifest import Manifest
-    from skyrl_glm.sync.plan import build_plan
-    from skyrl_glm.sync.receiver import AdapterReceiver
-    from skyrl_glm.sync.routing.plan import assign_owners, expected_slices, plan_routes
-    from skyrl_glm.sync.routing.transport import RoutedTransport, make_groups, piece_checksums, route_label
+    from skyrl_glm.sync.routing.plan import plan_routes
+    from skyrl_glm.sync.routing.transport import RoutedTransport, make_groups
 
     start = time.time()
     torch.set_num_threads(1)
     opts = RoutingRunOptions(**opts_d)
-    S, R = opts.senders, opts.tp
-    world = S + R
+    S, world = opts.senders, opts.senders + opts.tp
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=_dt.timedelta(minutes=5))
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
     chan = StoreChannel(dist.PrefixStore("ctl", store))
     report: dict[str, Any] = {"rank": rank}
     try:
         t0 = time.perf_counter()
-        if rank < S:  # sender: announce names, plan what it owns
-            stream = ep_sharded_exports(opts, only=rank)[0]
-            chan.put(f"names/{rank}", json.dumps([n for n, _ in stream]))
-            owned = set(assign_owners([json.loads(chan.get(f"names/{s}")) for s in range(S)])[rank])
-            sp = build_plan(
-                ((n, t) for n, t in stream if n in owned),
-                adapter_config=adapter_config(opts.rank, opts.alpha, opts.resolved().targets),
-                lora_name="policy",
-                version=opts.version,
-                bucket_bytes=opts.bucket_bytes,
-            )
-            chan.put(f"manifest/{rank}", sp.manifest.to_json())
-            report.update(
-                held=len(stream),
-                owned=len(owned),
-                unique=len(sp.tensors),
-                sent_names=[e.name for e in sp.manifest.tensors],
-                owned_names=sorted(owned),
-            )
+        if rank < S:
+            sp, owned = _plan_owned(rank, opts, chan)
+            report.update(owned)
         manifests = [Manifest.from_json(chan.get(f"manifest/{s}")) for s in range(S)]
         plan = plan_routes(manifests, layout(opts), bucket_bytes=opts.bucket_bytes)
         t_plan = time.perf_counter()
-        groups = make_groups(plan, lambda s: s, lambda r: S + r)
-        transport = RoutedTransport(groups, lambda s: s)
+        transport = RoutedTransport(make_groups(plan, lambda s: s, lambda r: S + r), lambda s: s)
         t1 = time.perf_counter()
-        if rank < S:
-            sums, tensors = piece_checksums(plan, rank, sp)
-            chan.put(f"sums/{rank}", json.dumps(sums))
-            for route in plan.routes_from(rank):
-                transport.send_route(route, tensors[route.key])
-            report["pieces"] = {
-                route_label(r.key): [[p.sent, None if p.slice is None else asdict(p.slice), p.nbytes] for p in r.pieces]
-                for r in plan.routes_from(rank)
-            }
-            if rank == 0:
-                report["plan"] = {
-                    "wire_table": plan.wire_table(),
-                    "routes": [
-                        {
-                            "label": route_label(r.key),
-                            "pieces": len(r.pieces),
-                            "payload_bytes": r.nbytes,
-                            "wire_bytes": r.manifest.total_bytes,
-                            "buckets": len(r.manifest.buckets()),
-                        }
-                        for r in plan.routes
-                    ],
-                }
-        else:
-            r = rank - S
-            sums: dict[str, str] = {}
-            for s in range(S):
-                sums.update(json.loads(chan.get(f"sums/{s}")))
-            manifest, handle = plan.receiver_update(r, sums)
-            got = AdapterReceiver("cpu").receive(manifest.to_json(), handle, transport)
-            full = full_reference(opts)
-            expected = expected_slices(full, plan.layout, r)
-            report.update(
-                **compare_exact(got.tensors, expected),
-                staged_bytes=manifest.total_bytes,
-                sent_tensors=len(manifest.tensors),
-                aliases=len(manifest.aliases),
-                sliced_names=sum(1 for n, t in got.tensors.items() if t.shape != full[n].shape),
-            )
+        report.update(
+            _send(rank, plan, sp, transport, chan) if rank < S else _receive(rank - S, opts, plan, transport, chan)
+        )
         report["stats"] = transport.stats
         report["times"] = {
             "plan_s": t_plan - t0,

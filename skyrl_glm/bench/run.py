@@ -26,6 +26,7 @@ from skyrl_glm.bench.procs import LocalChannel, StoreChannel, free_port
 from skyrl_glm.bench.report import PATH_LABELS, _summarise
 from skyrl_glm.bench.sides import Receiver, Sender, make_transport
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, synthetic_adapter
+from skyrl_glm.plugins import registry
 from skyrl_glm.provenance import provenance
 
 # ---------------------------------------------------------------------------------------------------- protocol
@@ -150,7 +151,7 @@ def joined_pair(rank: int, opts: BenchOptions, port: int, minutes: int) -> Itera
     if device.type == "cuda":
         torch.cuda.set_device(device)
     group = None
-    if opts.transport == "nccl":
+    if registry().transport(opts.transport).needs_group:
         backend = "nccl" if device.type == "cuda" else "gloo"
         kw = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=2, **kw)

@@ -34,19 +34,22 @@ class BenchOptions:
     disk_dir: str | None = None
 
     def resolved(self) -> BenchOptions:
+        from skyrl_glm.plugins import registry
+
         o = BenchOptions(**asdict(self))
+        transport = registry().transport(o.transport)
         cuda = torch.cuda.is_available()
         if o.alpha is None:
             o.alpha = float(2 * o.rank)
         if o.device is None:
             o.device = "cuda:0" if cuda and o.transport != "cpu" else "cpu"
         if o.recv_device is None:
-            if o.transport == "nccl" and o.device.startswith("cuda"):
+            if transport.needs_group and o.device.startswith("cuda"):
                 o.recv_device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
             else:
                 o.recv_device = o.device
-        if o.transport == "ipc" and not (o.device.startswith("cuda") and o.recv_device.startswith("cuda")):
-            raise SystemExit("--transport ipc needs CUDA devices (--device cuda:N)")
+        if transport.needs_cuda and not (o.device.startswith("cuda") and o.recv_device.startswith("cuda")):
+            raise SystemExit(f"--transport {o.transport} moves CUDA memory: it needs CUDA devices (--device cuda:N)")
         if o.dtype not in DTYPES:
             raise SystemExit(f"--dtype must be one of {sorted(DTYPES)}")
         return o
@@ -90,7 +93,9 @@ def synthetic_adapter(opts: BenchOptions) -> Synthetic:
 
     family, cfg = model_config(opts.model, opts.config, opts.layers)
     targets = family.lora.resolve(sampler="vllm")
-    specs = bridge_export_specs(cfg, rank=opts.rank, targets=targets, share_expert_adapters=opts.share_experts)
+    specs = bridge_export_specs(
+        cfg, family.lora, rank=opts.rank, targets=targets, share_expert_adapters=opts.share_experts
+    )
     unique = synthetic_values(specs, dtype=DTYPES[opts.dtype], seed=opts.seed)
     names = {PEFT_PREFIX + s.name: s.storage for s in specs}
     return Synthetic(names, unique, targets, int(getattr(cfg, "n_routed_experts", 0) or 0))

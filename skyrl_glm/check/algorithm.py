@@ -137,6 +137,101 @@ def judge_agreement(
     return StepResult(step, name, not bad, detail, seconds, prefill, decode)
 
 
+@dataclass
+class _FiveSteps:
+    """One run of the check: the parts under check, what a step measured for later ones, the report so far."""
+
+    trainer: TrainerScorer
+    sampler: SamplerScorer
+    publisher: Publisher
+    probes: Probes
+    cfg: CheckConfig
+    on_step: Callable[[StepResult], None] | None
+    report: CheckReport = field(init=False)
+    trainer_before: list[list[float]] = field(default_factory=list)
+    sampler_before: list[list[float]] = field(default_factory=list)
+    trainer_after: list[list[float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.report = CheckReport(self.cfg)
+
+    def record(self, result: StepResult) -> None:
+        self.report.steps.append(result)
+        if self.on_step is not None:
+            self.on_step(result)
+
+    def agreement(
+        self, step: int, name: str, t0: float, trainer_lp: list[list[float]], sampler_lp: list[list[float]]
+    ) -> StepResult:
+        pre = Diff.between(trainer_lp, sampler_lp)
+        dec = decode_diff(self.trainer, self.sampler, self.probes) if self.cfg.decode else None
+        return judge_agreement(step, name, pre, dec, self.cfg, time.perf_counter() - t0)
+
+    def agree(self) -> bool:
+        """Step 1: the sampler serves the initial (B == 0) adapter, agrees with the trainer and repeats itself.
+        False when the initial publish failed: nothing after it could be judged."""
+        t0 = time.perf_counter()
+        first = self.publisher.publish(self.trainer.adapter(), self.trainer.lora_config, self.cfg.first_version)
+        if not getattr(first, "ok", False):
+            reason = getattr(first, "reason", first)
+            self.record(StepResult(1, "agree", False, f"initial publish failed: {reason}", 0.0))
+            return False
+        self.trainer_before = self.trainer.score(self.probes.sequences)
+        self.sampler_before = self.sampler.score(self.probes.sequences)
+        repeat = Diff.between(self.sampler_before, self.sampler.score(self.probes.sequences))
+        result = self.agreement(1, "agree", t0, self.trainer_before, self.sampler_before)
+        result.extra["repeat_max"] = repeat.max
+        if not repeat.max <= self.cfg.repeat_tol:
+            result.passed = False
+            result.detail += f"; sampler repeat differs by {repeat.max:.3g} > {self.cfg.repeat_tol}"
+        self.record(result)
+        return True
+
+    def perturb(self) -> None:
+        """Step 2: perturb only the trainer."""
+        t0 = time.perf_counter()
+        changed = self.trainer.perturb_lora_b(self.cfg.scale, self.cfg.seed)
+        self.trainer_after = self.trainer.score(self.probes.sequences)
+        moved = Diff.between(self.trainer_before, self.trainer_after)
+        passed = changed > 0 and moved.nonfinite == 0 and moved.mean > 0
+        detail = f"{changed} lora_B tensors perturbed (scale {self.cfg.scale}); {moved.describe('trainer moved')}"
+        self.record(StepResult(2, "perturb trainer", passed, detail, time.perf_counter() - t0, moved))
+
+    def stale(self) -> None:
+        """Step 3: the stale sampler must disagree, or the check cannot see a missing handoff."""
+        t0 = time.perf_counter()
+        stale = Diff.between(self.trainer_after, self.sampler.score(self.probes.sequences))
+        detectable = stale.nonfinite == 0 and stale.mean > self.cfg.mean_tol
+        if stale.nonfinite:
+            detail = stale.describe("stale sampler")
+        elif detectable:
+            detail = f"stale sampler disagrees: mean {stale.mean:.4g} > {self.cfg.mean_tol}"
+        else:
+            detail = f"perturbation NOT detectable: mean {stale.mean:.4g} <= {self.cfg.mean_tol} (raise the scale)"
+        dec = decode_diff(self.trainer, self.sampler, self.probes) if self.cfg.decode else None
+        self.record(StepResult(3, "stale must disagree", detectable, detail, time.perf_counter() - t0, stale, dec))
+
+    def publish(self) -> None:
+        """Step 4: publish through the real sync path."""
+        t0 = time.perf_counter()
+        version = self.cfg.first_version + 1
+        result = self.publisher.publish(self.trainer.adapter(), self.trainer.lora_config, version)
+        ok = bool(getattr(result, "ok", False))
+        timings = {k: float(v) for k, v in getattr(result, "timings", {}).items()}
+        detail = f"published version {version}" if ok else f"publish failed: {result.reason}"
+        self.record(StepResult(4, "publish", ok, detail, time.perf_counter() - t0, extra=timings))
+
+    def agree_again(self) -> None:
+        """Step 5: agreement returns; the sampler's change should match the trainer's."""
+        t0 = time.perf_counter()
+        sampler_after = self.sampler.score(self.probes.sequences)
+        result = self.agreement(5, "agree again", t0, self.trainer_after, sampler_after)
+        trainer_delta = _minus(self.trainer_after, self.trainer_before)
+        sampler_delta = _minus(sampler_after, self.sampler_before)
+        result.extra["delta_mismatch_mean"] = Diff.between(trainer_delta, sampler_delta).mean
+        self.record(result)
+
+
 def run_check(
     trainer: TrainerScorer,
     sampler: SamplerScorer,
@@ -145,83 +240,11 @@ def run_check(
     config: CheckConfig = CheckConfig(),
     on_step: Callable[[StepResult], None] | None = None,
 ) -> CheckReport:
-    report = CheckReport(config)
-    cfg = config
-
-    def agree(step: int, name: str, t0: float, trainer_lp: list[list[float]], sampler_lp: list[list[float]]) -> None:
-        pre = Diff.between(trainer_lp, sampler_lp)
-        dec = decode_diff(trainer, sampler, probes) if cfg.decode else None
-        record(judge_agreement(step, name, pre, dec, cfg, time.perf_counter() - t0))
-
-    def record(result: StepResult) -> None:
-        report.steps.append(result)
-        if on_step is not None:
-            on_step(result)
-
-    # Step 1: the sampler serves the initial (B == 0) adapter and agrees with the trainer.
-    t0 = time.perf_counter()
-    first = publisher.publish(trainer.adapter(), trainer.lora_config, cfg.first_version)
-    if not getattr(first, "ok", False):
-        record(StepResult(1, "agree", False, f"initial publish failed: {getattr(first, 'reason', first)}", 0.0))
-        return report
-    trainer_before = trainer.score(probes.sequences)
-    sampler_before = sampler.score(probes.sequences)
-    repeat = Diff.between(sampler_before, sampler.score(probes.sequences))
-    agree(1, "agree", t0, trainer_before, sampler_before)
-    report.steps[-1].extra["repeat_max"] = repeat.max
-    if not repeat.max <= cfg.repeat_tol:
-        report.steps[-1].passed = False
-        report.steps[-1].detail += f"; sampler repeat differs by {repeat.max:.3g} > {cfg.repeat_tol}"
-
-    # Step 2: perturb only the trainer.
-    t0 = time.perf_counter()
-    changed = trainer.perturb_lora_b(cfg.scale, cfg.seed)
-    trainer_after = trainer.score(probes.sequences)
-    moved = Diff.between(trainer_before, trainer_after)
-    record(
-        StepResult(
-            2,
-            "perturb trainer",
-            changed > 0 and moved.nonfinite == 0 and moved.mean > 0,
-            f"{changed} lora_B tensors perturbed (scale {cfg.scale}); {moved.describe('trainer moved')}",
-            time.perf_counter() - t0,
-            moved,
-        )
-    )
-
-    # Step 3: the stale sampler must disagree, or the check cannot see a missing handoff.
-    t0 = time.perf_counter()
-    stale = Diff.between(trainer_after, sampler.score(probes.sequences))
-    detectable = stale.nonfinite == 0 and stale.mean > cfg.mean_tol
-    if stale.nonfinite:
-        detail = stale.describe("stale sampler")
-    elif detectable:
-        detail = f"stale sampler disagrees: mean {stale.mean:.4g} > {cfg.mean_tol}"
-    else:
-        detail = f"perturbation NOT detectable: mean {stale.mean:.4g} <= {cfg.mean_tol} (raise the scale)"
-    dec = decode_diff(trainer, sampler, probes) if cfg.decode else None
-    record(StepResult(3, "stale must disagree", detectable, detail, time.perf_counter() - t0, stale, dec))
-
-    # Step 4: publish through the real sync path.
-    t0 = time.perf_counter()
-    result = publisher.publish(trainer.adapter(), trainer.lora_config, cfg.first_version + 1)
-    ok = bool(getattr(result, "ok", False))
-    timings = {k: float(v) for k, v in getattr(result, "timings", {}).items()}
-    record(
-        StepResult(
-            4,
-            "publish",
-            ok,
-            f"published version {cfg.first_version + 1}" if ok else f"publish failed: {result.reason}",
-            time.perf_counter() - t0,
-            extra=timings,
-        )
-    )
-
-    # Step 5: agreement returns; the sampler's change should match the trainer's.
-    t0 = time.perf_counter()
-    sampler_after = sampler.score(probes.sequences)
-    agree(5, "agree again", t0, trainer_after, sampler_after)
-    delta_mismatch = Diff.between(_minus(trainer_after, trainer_before), _minus(sampler_after, sampler_before))
-    report.steps[-1].extra["delta_mismatch_mean"] = delta_mismatch.mean
-    return report
+    """The five steps in order (see the module doc); ``on_step`` sees each step's result once it is final."""
+    run = _FiveSteps(trainer, sampler, publisher, probes, config, on_step)
+    if run.agree():
+        run.perturb()
+        run.stale()
+        run.publish()
+        run.agree_again()
+    return run.report

@@ -24,16 +24,25 @@ class FaultNotApplicable(UsageError):
 
 
 class _BreaksUpdates:
-    """The initial adapter goes out intact (so step 1 can agree); every later update goes through ``broken``."""
+    """The initial adapter goes out intact (so step 1 can agree); every later update goes through ``broken``.
+    ``publish_async`` is the same for a publisher driven from an event loop (SkyRL's policy workers)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.first = True
 
+    def _intact(self) -> bool:
+        first, self.first = self.first, False
+        return first
+
     def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
-        if self.first:
-            self.first = False
+        if self._intact():
             return self.inner.publish(adapter, adapter_config, version)
+        return self.broken(adapter, adapter_config, version)
+
+    async def publish_async(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        if self._intact():
+            return await self.inner.publish_async(adapter, adapter_config, version)
         return self.broken(adapter, adapter_config, version)
 
     def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
@@ -44,7 +53,7 @@ class NoPublish(_BreaksUpdates):
     """Claims success and sends nothing: the sampler stays stale."""
 
     def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
-        return UpdateResult(True, version)
+        return UpdateResult(True, version, reason="fault no-publish: nothing sent")
 
 
 class DropAliases(_BreaksUpdates):
@@ -154,3 +163,10 @@ def inject(fault: str, publisher: Any, sampler: Any) -> tuple[Any, Any]:
     if record.sampler is not None:
         sampler = record.sampler(sampler)
     return publisher, sampler
+
+
+def inject_in_skyrl(fault: str, publisher: Any) -> Any:
+    """A SkyRL worker's publisher with ``fault`` applied (one of :data:`SKYRL_FAULTS`: publisher faults only)."""
+    if fault not in SKYRL_FAULTS:
+        raise ValueError(f"fault {fault!r} cannot be injected into a SkyRL run; choose from {SKYRL_FAULTS}")
+    return inject(fault, publisher, None)[0]

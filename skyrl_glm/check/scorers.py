@@ -51,13 +51,11 @@ def vllm_sampler(
         allow_unsupported=allow_unsupported,
         skyrl_worker=skyrl_worker,
     )
-    kwargs.pop("model")
-    kwargs.pop("enable_lora")
     if skyrl_worker:
         from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
 
         kwargs["worker_extension_cls"] = WORKER_EXTENSION
-    return VllmEngineSampler(str(model_dir), max_lora_rank=_engine_lora_rank(rank), use_tqdm_on_load=False, **kwargs)
+    return VllmEngineSampler({**kwargs, "use_tqdm_on_load": False}, max_lora_rank=_engine_lora_rank(rank))
 
 
 def vllm_skyrl_sampler(model_dir: Path, **kwargs: Any) -> Any:

@@ -14,6 +14,8 @@ from typing import Any
 
 from skyrl.train.utils.callbacks import TrainingCallback
 
+from skyrl_glm.skyrl.summary import RunSummary
+
 log = logging.getLogger(__name__)
 
 MISMATCH_PREFIXES = (
@@ -27,15 +29,15 @@ MISMATCH_PREFIXES = (
 
 
 class MismatchMetrics(TrainingCallback):
-    """On every tracker commit, the mismatch numbers of the step into ``trainer.summary["mismatch"]``."""
+    """On every tracker commit, the mismatch numbers of the step into ``trainer.summary.mismatch``."""
 
     def on_log(self, trainer: Any, callback_input: Any, control: Any) -> None:
         found = {k: v for k, v in (callback_input.logs or {}).items() if k.startswith(MISMATCH_PREFIXES)}
         if not found:
             return
         summary = getattr(trainer, "summary", None)
-        if isinstance(summary, dict):
-            summary.setdefault("mismatch", []).append({"step": callback_input.global_step, **found})
+        if isinstance(summary, RunSummary):
+            summary.mismatch.append({"step": callback_input.global_step, **found})
         shown = [
             f"{name} {found[key]:.3g}"
             for name, key in (

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from skyrl_glm.models.base import LoraPolicy
 
 # What PEFT (and SkyRL's Megatron adapter source) puts before the export's names.
 PEFT_PREFIX = "base_model.model."
@@ -71,115 +74,38 @@ def _layer_is_moe(config: Any) -> list[bool]:
     return [i >= k for i in range(config.num_hidden_layers)]
 
 
-def linear_dims(config: Any) -> dict[str, tuple[int, int, str]]:
-    """``{hf target: (in_features, out_features, kind)}`` for every LoRA-able linear of a GLM config.
-    Routed experts are given per expert (``mlp.experts.gate_proj`` / ``up_proj`` / ``down_proj``)."""
-    h = config.hidden_size
-    nh = config.num_attention_heads
-    d: dict[str, tuple[int, int, str]] = {}
-    if getattr(config, "kv_lora_rank", None):  # MLA
-        qk = config.qk_nope_head_dim + config.qk_rope_head_dim
-        q_lora = getattr(config, "q_lora_rank", None)
-        if q_lora:
-            d["self_attn.q_a_proj"] = (h, q_lora, "attention")
-            d["self_attn.q_b_proj"] = (q_lora, nh * qk, "attention")
-        else:
-            d["self_attn.q_proj"] = (h, nh * qk, "attention")
-        d["self_attn.kv_a_proj_with_mqa"] = (h, config.kv_lora_rank + config.qk_rope_head_dim, "attention")
-        d["self_attn.kv_b_proj"] = (
-            config.kv_lora_rank,
-            nh * (config.qk_nope_head_dim + config.v_head_dim),
-            "attention",
-        )
-        d["self_attn.o_proj"] = (nh * config.v_head_dim, h, "attention")
-        if getattr(config, "index_n_heads", None) and q_lora:
-            d["indexer.wq_b"] = (q_lora, config.index_n_heads * config.index_head_dim, "indexer")
-            d["indexer.wk"] = (h, config.index_head_dim, "indexer")
-    else:  # GQA
-        hd = getattr(config, "head_dim", None) or h // nh
-        kv = config.num_key_value_heads
-        d["self_attn.q_proj"] = (h, nh * hd, "attention")
-        d["self_attn.k_proj"] = (h, kv * hd, "attention")
-        d["self_attn.v_proj"] = (h, kv * hd, "attention")
-        d["self_attn.o_proj"] = (nh * hd, h, "attention")
-    inter, moe = config.intermediate_size, config.moe_intermediate_size
-    shared = moe * (getattr(config, "n_shared_experts", 1) or 1)
-    d["mlp.gate_proj"] = (h, inter, "dense_mlp")
-    d["mlp.up_proj"] = (h, inter, "dense_mlp")
-    d["mlp.down_proj"] = (inter, h, "dense_mlp")
-    d["shared_experts.gate_proj"] = (h, shared, "shared_expert")
-    d["shared_experts.up_proj"] = (h, shared, "shared_expert")
-    d["shared_experts.down_proj"] = (shared, h, "shared_expert")
-    d["mlp.experts.gate_proj"] = (h, moe, "routed_expert")
-    d["mlp.experts.up_proj"] = (h, moe, "routed_expert")
-    d["mlp.experts.down_proj"] = (moe, h, "routed_expert")
-    return d
-
-
-_FUSED_GROUPS = (
-    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),  # Megatron linear_qkv: one linear_in
-    ("mlp.gate_proj", "mlp.up_proj"),  # linear_fc1
-    ("shared_experts.gate_proj", "shared_experts.up_proj"),
-    ("mlp.experts.gate_proj", "mlp.experts.up_proj"),
-)
-
-
-def _expand_targets(targets: Sequence[str]) -> list[str]:
-    """HF/PEFT targets -> per-module names of :func:`linear_dims` (routed fused params -> per-expert projections).
-    A Megatron fused module is adapted as a whole, so one member of a fused group brings the others."""
-    out: list[str] = []
-    for t in targets:
-        if t == "mlp.experts.gate_up_proj":
-            out += ["mlp.experts.gate_proj", "mlp.experts.up_proj"]
-        elif t.startswith("self_attn.indexer."):
-            out.append(t[len("self_attn.") :])
-        else:
-            out.append(t)
-    for group in _FUSED_GROUPS:
-        if any(g in out for g in group):
-            out += [g for g in group if g not in out]
-    return list(dict.fromkeys(out))
-
-
-def _hf_module(layer: int, target: str, expert: int | None = None) -> str:
-    if target.startswith("indexer."):
-        return f"model.layers.{layer}.self_attn.{target}"
-    if target.startswith("shared_experts."):
-        return f"model.layers.{layer}.mlp.{target}"
-    if target.startswith("mlp.experts."):
-        return f"model.layers.{layer}.mlp.experts.{expert}.{target[len('mlp.experts.') :]}"
-    return f"model.layers.{layer}.{target}"
-
-
 def bridge_export_specs(
-    config: Any, *, rank: int, targets: Sequence[str], share_expert_adapters: bool = True
+    config: Any, lora: LoraPolicy, *, rank: int, targets: Sequence[str], share_expert_adapters: bool = True
 ) -> list[TensorSpec]:
-    """The tensors ``export_adapter_weights`` yields for this config and target list, in export order."""
-    dims = linear_dims(config)
-    wanted = _expand_targets(targets)
-    unknown = [t for t in wanted if t not in dims]
+    """The tensors ``export_adapter_weights`` yields for this config and these targets of the family's policy, in
+    export order. Names and shapes come from each target's record (:attr:`LoraTarget.modules`, ``shape``); a
+    Megatron fused module is adapted as a whole, so one member of a fused group brings the others."""
+    chosen = lora.with_fused_peers(targets)
+    shapes = {t.hf: t.shape(config) if t.shape is not None else None for t in chosen}
+    unknown = [hf for hf, shape in shapes.items() if shape is None]
     if unknown:
         raise ValueError(f"targets {unknown} are not LoRA-able linears of this config")
-    group_of = {m: g[0] for g in _FUSED_GROUPS for m in g}
     specs: list[TensorSpec] = []
     n_exp = getattr(config, "n_routed_experts", 0) or 0
     for layer, is_moe in enumerate(_layer_is_moe(config)):
-        for t in wanted:
-            fin, fout, kind = dims[t]
-            if kind == "dense_mlp" and is_moe or kind in ("shared_expert", "routed_expert") and not is_moe:
+        for t in chosen:
+            if t.kind == "dense_mlp" and is_moe or t.kind in ("shared_expert", "routed_expert") and not is_moe:
                 continue
-            experts = range(n_exp) if kind == "routed_expert" else [None]
-            a_owner = group_of.get(t, t)  # fused modules: one linear_in under every member's lora_A
-            for e in experts:
-                scope = f"L{layer}" if e is None or share_expert_adapters else f"L{layer}.e{e}"
-                name = _hf_module(layer, t, e)
-                specs.append(TensorSpec(f"{name}.lora_A.weight", (rank, fin), f"{scope}.{a_owner}.A", kind))
-                specs.append(TensorSpec(f"{name}.lora_B.weight", (fout, rank), f"{scope}.{t}.B", kind))
+            fin, fout = shapes[t.hf]
+            a_owner = lora.fused_owner(t).hf  # fused modules: one linear_in under every member's lora_A
+            experts = range(n_exp) if t.kind == "routed_expert" else [None]
+            for i in range(len(t.modules)):  # module by module, experts 0..E-1
+                for e in experts:
+                    scope = f"L{layer}" if e is None or share_expert_adapters else f"L{layer}.e{e}"
+                    name = t.module_names(layer, e)[i]
+                    specs.append(TensorSpec(f"{name}.lora_A.weight", (rank, fin), f"{scope}.{a_owner}.A", t.kind))
+                    specs.append(TensorSpec(f"{name}.lora_B.weight", (fout, rank), f"{scope}.{t.hf}.{i}.B", t.kind))
     return specs
 
 
 def synthetic_bridge_export(
     config: Any,
+    lora: LoraPolicy,
     *,
     rank: int,
     targets: Sequence[str],
@@ -192,7 +118,7 @@ def synthetic_bridge_export(
     """A ``(name, tensor)`` stream shaped and shared like Bridge's export (for tests; Bridge itself needs TE), on
     ``device``, lazily. Names with one storage key get the *same* tensor object, as the exporter hands out one
     tensor for them; with ``copies`` each name gets a fresh copy made as it is yielded (a gather per name)."""
-    specs = bridge_export_specs(config, rank=rank, targets=targets, share_expert_adapters=share_expert_adapters)
+    specs = bridge_export_specs(config, lora, rank=rank, targets=targets, share_expert_adapters=share_expert_adapters)
     made = {k: v.to(device) for k, v in synthetic_values(specs, dtype=dtype, seed=seed).items()}
     for s in specs:
         yield s.name, made[s.storage].clone() if copies else made[s.storage]

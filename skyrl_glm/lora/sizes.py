@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from skyrl_glm.lora.bridge import bridge_export_specs
 from skyrl_glm.usage import positive_int
+
+if TYPE_CHECKING:
+    from skyrl_glm.models.base import LoraPolicy
 
 GB = 1e9
 
@@ -39,6 +42,7 @@ class AdapterSizes:
 
 def adapter_sizes(
     config: Any,
+    lora: LoraPolicy,
     *,
     rank: int = 32,
     targets: Sequence[str],
@@ -46,10 +50,11 @@ def adapter_sizes(
     share_expert_adapters: bool = True,
     model: str = "",
 ) -> AdapterSizes:
-    """Counts and bytes of the Bridge-export (public) and deduplicated (unique) adapter for ``config``."""
+    """Counts and bytes of the Bridge-export (public) and deduplicated (unique) adapter for ``config`` and these
+    targets of the family's policy ``lora``."""
     positive_int("rank", rank)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    specs = bridge_export_specs(config, rank=rank, targets=targets, share_expert_adapters=share_expert_adapters)
+    specs = bridge_export_specs(config, lora, rank=rank, targets=targets, share_expert_adapters=share_expert_adapters)
     seen: set[str] = set()
     by_kind: dict[str, list[int]] = {}
     pub_n = pub_b = uniq_n = uniq_b = 0
@@ -88,7 +93,7 @@ def family_sizes(
     config = family.config("full" if full else "tiny")
     chosen = family.lora.resolve(None if targets is None else list(targets), sampler="vllm", allow_unsupported=True)
     label = f"{family.name} ({'full' if full else 'tiny'})"
-    return adapter_sizes(config, rank=rank, targets=chosen, model=label, **kw)
+    return adapter_sizes(config, family.lora, rank=rank, targets=chosen, model=label, **kw)
 
 
 def print_sizes_table(rows: Sequence[AdapterSizes], console: Any = None, *, by_kind: bool = True) -> None:

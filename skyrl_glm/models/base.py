@@ -1,7 +1,8 @@
 """What a model adapter tells skyrl-glm: facts, LoRA targets per side, configs, and how a sampler serves it.
 
 One record per fact: a :class:`LoraTarget` holds everything about one LoRA-able module (its HF, Megatron and vLLM
-names, the vLLM tensor-parallel style of its base layer, which samplers ignore it); a :class:`ModelFamily` holds
+names, the pattern of the tensor names it is exported under, its shape in a config, the vLLM tensor-parallel style
+of its base layer, which samplers ignore it); a :class:`ModelFamily` holds
 everything about one architecture (facts, full and tiny configs, vLLM CPU dtype, sampler config overrides).
 Importing this module imports no torch or transformers.
 """
@@ -9,6 +10,7 @@ Importing this module imports no torch or transformers.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,10 @@ class UnsupportedTargetError(UsageError):
     """A LoRA target the chosen sampler would not apply (training it would diverge silently)."""
 
 
+# Placeholders of a module-name pattern (:attr:`LoraTarget.modules`).
+LAYER, EXPERT = "{layer}", "{expert}"
+
+
 @dataclass(frozen=True)
 class LoraTarget:
     """One LoRA-able module, named on every side of the handoff.
@@ -40,6 +46,12 @@ class LoraTarget:
     module (``linear_q_down_proj``); ``vllm``: the vLLM module that carries its LoRA (fused layers share one, e.g.
     ``gate_up_proj``); ``tp_style``: how vLLM shards it over TP ranks (one of :data:`TP_STYLES`).
     ``unsupported`` maps a sampler backend to the reason it does not apply a LoRA on this module.
+    ``modules``: the HF module names its LoRA tensors are exported and served under, as patterns with ``{layer}``
+    (and ``{expert}`` for a routed expert); several when one target is exported as several modules (the routed
+    experts' fused ``gate_up_proj`` as ``gate_proj`` and ``up_proj``, one ``lora_A`` under both); default
+    ``model.layers.{layer}.<hf>``. Both directions (a layer to its names, a name to its target) and the Megatron
+    fused groups (:meth:`LoraPolicy.with_fused_peers`) derive from it. ``shape(config)``: ``(in, out)`` features
+    of each of those modules in a config, None where that config has no such module.
     """
 
     hf: str
@@ -49,10 +61,34 @@ class LoraTarget:
     unsupported: Mapping[str, str] = field(default_factory=dict)
     vllm: str | None = None
     tp_style: str | None = None
+    modules: tuple[str, ...] = ()
+    shape: Callable[[Any], tuple[int, int] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.tp_style is not None and self.tp_style not in TP_STYLES:
             raise ValueError(f"{self.hf}: tp_style {self.tp_style!r} is not one of {TP_STYLES}")
+        if not self.modules:
+            object.__setattr__(self, "modules", (f"model.layers.{LAYER}.{self.hf}",))
+        routed = self.kind == "routed_expert"
+        for pattern in self.modules:
+            if LAYER not in pattern or (EXPERT in pattern) != routed:
+                need = f"{LAYER} and {EXPERT}" if routed else f"{LAYER} and no {EXPERT}"
+                raise ValueError(f"{self.hf}: module pattern {pattern!r} must hold {need}")
+            if "{" in pattern.rsplit(".", 1)[-1]:
+                raise ValueError(f"{self.hf}: module pattern {pattern!r} must end in a plain module name")
+
+    def module_names(self, layer: int, expert: int | None = None) -> tuple[str, ...]:
+        """The HF module names of this target in one layer (and, for a routed expert, one expert)."""
+        return tuple(p.format(layer=layer, expert=expert) for p in self.modules)
+
+    def module_regexes(self) -> tuple[re.Pattern[str], ...]:
+        """:attr:`modules` as regexes (groups ``layer``, ``expert``) matching a module name after any prefix
+        (PEFT's ``base_model.model.``)."""
+        out = []
+        for pattern in self.modules:
+            body = re.escape(pattern).replace(re.escape(LAYER), r"(?P<layer>\d+)")
+            out.append(re.compile(r"(?:.+\.)?" + body.replace(re.escape(EXPERT), r"(?P<expert>\d+)")))
+        return tuple(out)
 
 
 def _suffix_match(qualified: str, short: str) -> bool:
@@ -130,6 +166,19 @@ class LoraPolicy:
                 lines = "; ".join(f"{name}: {why}" for name, why in bad)
                 raise UnsupportedTargetError(f"sampler {sampler!r} does not apply LoRA on {lines}")
         return [t.hf for t in chosen]
+
+    def with_fused_peers(self, hf_names: Sequence[str]) -> list[LoraTarget]:
+        """The records of these targets plus every target fused with one of them in Megatron (same kind and
+        Megatron module: q/k/v in ``linear_qkv``, gate/up in ``linear_fc1``), which is adapted as a whole."""
+        chosen = [self.target(n) for n in hf_names]
+        fused = {(t.kind, t.megatron) for t in chosen if t.megatron is not None}
+        return chosen + [t for t in self.targets if (t.kind, t.megatron) in fused and t not in chosen]
+
+    def fused_owner(self, target: LoraTarget) -> LoraTarget:
+        """The first target of ``target``'s Megatron module: its one ``linear_in`` is every member's ``lora_A``."""
+        if target.megatron is None:
+            return target
+        return next(t for t in self.targets if (t.kind, t.megatron) == (target.kind, target.megatron))
 
     def vllm_modules(self, hf_names: Sequence[str]) -> list[str]:
         """vLLM ``lora_target_modules`` for these HF targets (deduplicated, order kept)."""

@@ -12,6 +12,7 @@ from skyrl.train.entrypoints.main_base import BasePPOExp
 from skyrl_glm.dapo.env import register as register_glm_math
 from skyrl_glm.dapo.mismatch import MismatchMetrics
 from skyrl_glm.plugins import registry
+from skyrl_glm.skyrl.summary import RunSummary
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
 
@@ -49,7 +50,7 @@ class GlmPPOExp(BasePPOExp):
         register_glm_math()  # the `glm_math` reward env, in the process that builds the generator
         super().__init__(cfg)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunSummary:
         """Train; returns the run's skyrl-glm summary (syncs with their seconds, the checks' numbers)."""
         super().run()
         return self.trainer.summary

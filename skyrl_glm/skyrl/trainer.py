@@ -31,6 +31,7 @@ from skyrl_glm.skyrl.check import HandoffCheckFailed, LivePublisher, LiveSampler
 from skyrl_glm.skyrl.config import resolved_transport
 from skyrl_glm.skyrl.overlong import shape_rewards
 from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
+from skyrl_glm.skyrl.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
 from skyrl_glm.skyrl.worker_sync import WorkerSync
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         super().init_weight_sync_state()
         self._glm_sync = self.dispatch.save_weights_for_sampler
         self._glm_syncs = 0
-        self.summary: dict[str, Any] = {"sync_mode": self.cfg.skyrl_glm.sync.mode, "syncs": [], "agree": []}
+        self.summary = RunSummary(self.cfg.skyrl_glm.sync.mode)
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
         check = " and the handoff check" if self.cfg.skyrl_glm.check.before_training else ""
         progress.info("policy workers and vLLM up; first sync%s", check)
@@ -92,7 +93,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         self._glm_syncs += 1
         mode = self.cfg.skyrl_glm.sync.mode
         detail = ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_last_sync"))[0]
-        self.summary["syncs"].append({"seconds": seconds, **(detail or {})})
+        self.summary.syncs.append(SyncRecord(seconds, detail or {}))
         log.info(
             "skyrl-glm sync %d (mode %s): %.3f s%s",
             self._glm_syncs,
@@ -105,8 +106,10 @@ class GlmPPOTrainer(RayPPOTrainer):
         verdict = "no check"
         if self._glm_syncs == 1:
             if check.before_training:
-                passed = (await self.handoff_check()).passed
-                verdict = f"handoff check {'PASS' if passed else 'FAIL'} ({self.summary['check']['seconds']:.1f} s)"
+                await self.handoff_check()
+                assert self.summary.check is not None
+                passed, took = self.summary.check.passed, self.summary.check.seconds
+                verdict = f"handoff check {'PASS' if passed else 'FAIL'} ({took:.1f} s)"
         elif check.every_n_syncs and (self._glm_syncs - 1) % check.every_n_syncs == 0:
             agreed = (await self.agree_check()).passed
             verdict = f"agree check {'ok' if agreed else 'FAIL'}"
@@ -177,7 +180,7 @@ class GlmPPOTrainer(RayPPOTrainer):
                     metrics[f"skyrl_glm/check_step{s.step}_{path}_max"] = d.max
                     metrics[f"skyrl_glm/check_step{s.step}_{path}_mean"] = d.mean
         self.all_metrics.update(metrics)
-        self.summary["check"] = {"passed": report.passed, "seconds": seconds, "report": to_dict(report)}
+        self.summary.check = CheckRecord(report.passed, seconds, to_dict(report))
         if not report.passed:
             self._failed(f"handoff check FAILED before step 1:\n{_render(report)}")
         return report
@@ -219,16 +222,16 @@ class GlmPPOTrainer(RayPPOTrainer):
                 "skyrl_glm/lora_b_max": lora_b,
             }
         )
-        self.summary["agree"].append(
-            {
-                "sync": self._glm_syncs,
-                "passed": result.passed,
-                "prefill_max": result.prefill.max if result.prefill else None,
-                "prefill_mean": result.prefill.mean if result.prefill else None,
-                "decode_max": result.decode.max if result.decode else None,
-                "decode_mean": result.decode.mean if result.decode else None,
-                "lora_b_max": lora_b,
-            }
+        self.summary.agree.append(
+            AgreeRecord(
+                sync=self._glm_syncs,
+                passed=result.passed,
+                prefill_max=result.prefill.max if result.prefill else None,
+                prefill_mean=result.prefill.mean if result.prefill else None,
+                decode_max=result.decode.max if result.decode else None,
+                decode_mean=result.decode.mean if result.decode else None,
+                lora_b_max=lora_b,
+            )
         )
         if not result.passed:
             self._failed(f"agree check FAILED after sync {self._glm_syncs}: {result.detail}")

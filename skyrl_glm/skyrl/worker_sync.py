@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from skyrl_glm.check.faults import inject_in_skyrl
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.publish import SkyRLServers
 from skyrl_glm.sync.dedup import Dedup
@@ -46,6 +47,7 @@ class GlmSyncMixin:
 
     _glm_sync: WorkerSync | None = None
     _glm_publisher: InMemoryPublisher | None = None
+    _glm_sender: Any = None  # the publisher, with the configured fault (skyrl_glm.sync.fault) applied
     _glm_group: Any = None  # rank 0, collective transport: the group with every vLLM worker
     _glm_version = 0
     _glm_last: dict[str, Any] | None = None
@@ -132,18 +134,19 @@ class GlmSyncMixin:
         self, client: Any, lora_name: str, tensors: dict[str, torch.Tensor] | Dedup, config: dict[str, Any]
     ) -> UpdateResult:
         assert self._glm_sync is not None
-        if self._glm_sync.fault == "no-publish" and self._glm_version > 1:
-            # Deliberately broken sync (skyrl_glm.sync.fault): report success, send nothing.
-            return UpdateResult(True, self._glm_version, reason="fault no-publish: nothing sent")
         try:
             if self._glm_publisher is None or self._glm_publisher.lora_name != lora_name:
-                servers = SkyRLServers(client, lora_name, self._glm_sync.verify)
-                self._glm_publisher = InMemoryPublisher(
-                    servers, self._glm_transport(), lora_name, self._glm_sync.bucket_bytes
-                )
-            return await self._glm_publisher.publish_async(tensors, config, self._glm_version)
+                self._glm_publisher = self._glm_new_publisher(client, lora_name)
+                self._glm_sender = inject_in_skyrl(self._glm_sync.fault, self._glm_publisher)
+            return await self._glm_sender.publish_async(tensors, config, self._glm_version)
         except Exception as e:  # noqa: BLE001 - reported after the barrier, with its reason
             return UpdateResult(False, None, f"{type(e).__name__}: {e}")
+
+    def _glm_new_publisher(self, client: Any, lora_name: str) -> InMemoryPublisher:
+        """The in-memory publisher to the SkyRL servers of ``lora_name`` over the configured transport."""
+        assert self._glm_sync is not None
+        servers = SkyRLServers(client, lora_name, self._glm_sync.verify)
+        return InMemoryPublisher(servers, self._glm_transport(), lora_name, self._glm_sync.bucket_bytes)
 
     def skyrl_glm_last_sync(self) -> dict[str, Any] | None:
         """What the last in-memory sync reported (rank 0; None elsewhere or before the first)."""

@@ -52,10 +52,26 @@ def target_styles() -> dict[str, str]:
     return styles
 
 
-_NAME = re.compile(
-    r"^(?P<prefix>.*?)\.layers\.(?P<layer>\d+)\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$",
-)
-_EXPERT = re.compile(r"^mlp\.experts\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
+_LORA = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+
+
+@functools.cache
+def _module_patterns() -> dict[str, list[tuple[re.Pattern[str], str]]]:
+    """``{last name component: [(module regex, HF target)]}`` from every registered family's target records."""
+    from skyrl_glm.plugins import registry
+
+    target_of: dict[str, str] = {}
+    by_leaf: dict[str, list[tuple[re.Pattern[str], str]]] = {}
+    for family in registry().models.values():
+        for t in family.lora.targets:
+            for pattern, rx in zip(t.modules, t.module_regexes(), strict=True):
+                known = target_of.setdefault(pattern, t.hf)
+                if known != t.hf:
+                    raise RoutingError(f"model families name module {pattern!r} both {known!r} and {t.hf!r}")
+                same_leaf = by_leaf.setdefault(pattern.rsplit(".", 1)[-1], [])
+                if (rx, t.hf) not in same_leaf:
+                    same_leaf.append((rx, t.hf))
+    return by_leaf
 
 
 class RoutingError(ValueError):
@@ -73,27 +89,21 @@ class LoraName:
 
 
 def parse_name(name: str) -> LoraName:
-    """Resolve a public name (Megatron-Bridge export / vLLM per-expert names, with or without the PEFT prefix)."""
-    m = _NAME.match(name)
+    """Resolve a public name (Megatron-Bridge export / vLLM per-expert names, with or without the PEFT prefix)
+    by the module patterns of the registered target records."""
+    m = _LORA.match(name)
     if m is None:
         raise RoutingError(f"{name!r} is not a per-module LoRA tensor name (...layers.N.<module>.lora_[AB].weight)")
-    module, expert = m["module"], None
-    if module.startswith("self_attn.indexer."):
-        target = module[len("self_attn.") :]
-    elif module.startswith("mlp.shared_experts."):
-        target = module[len("mlp.") :]
-    elif (e := _EXPERT.match(module)) is not None:
-        expert = int(e["e"])
-        target = "mlp.experts.down_proj" if e["proj"] == "down_proj" else "mlp.experts.gate_up_proj"
-    else:
-        target = module
+    module = m["module"]
     styles = target_styles()
-    if target not in styles:
-        raise RoutingError(
-            f"{name!r}: no vLLM TP sharding rule for module {module!r} (fused 3D expert tensors are not routed; "
-            f"known targets: {sorted(styles)})"
-        )
-    return LoraName(target, m["ab"], int(m["layer"]), expert)
+    for rx, target in _module_patterns().get(module.rsplit(".", 1)[-1], []):
+        if (found := rx.fullmatch(module)) is not None and target in styles:
+            expert = found.groupdict().get("expert")
+            return LoraName(target, m["ab"], int(found["layer"]), None if expert is None else int(expert))
+    raise RoutingError(
+        f"{name!r}: no vLLM TP sharding rule for module {module!r} (fused 3D expert tensors are not routed; "
+        f"known targets: {sorted(styles)})"
+    )
 
 
 @dataclass(frozen=True, order=True)

@@ -12,12 +12,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from skyrl_glm.sync.update import UpdateResult
 from skyrl_glm.sync.vllm.control import signed
-from skyrl_glm.sync.vllm.engine import completion, engine_settings, greedy_params, prompt_logprobs, scoring_params
+from skyrl_glm.sync.vllm.engine import (
+    apply_engine_environment,
+    completion,
+    engine_settings,
+    greedy_params,
+    prompt_logprobs,
+    scoring_params,
+)
 from skyrl_glm.sync.vllm.versions import LoraVersions, Op, Steps, advance
 
 log = logging.getLogger(__name__)
@@ -34,12 +41,14 @@ async def drive_async(steps: Steps, call: Callable[[Op], Awaitable[Any]]) -> Any
 class AsyncVllmEngineSampler(LoraVersions):
     """Owns an ``AsyncLLM`` with LoRA enabled and the skyrl-glm worker extension."""
 
-    def __init__(self, model_dir: str, *, max_lora_rank: int = 16, max_model_len: int = 256, **engine_kwargs: Any):
+    def __init__(self, engine: Mapping[str, Any], *, max_lora_rank: int = 16):
+        """``engine``: vLLM arguments, ``model`` among them (see :func:`.engine.engine_settings`)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         super().__init__()
-        settings = engine_settings(model_dir, max_lora_rank=max_lora_rank, max_model_len=max_model_len, **engine_kwargs)
+        settings = engine_settings(engine, max_lora_rank=max_lora_rank)
+        apply_engine_environment()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
         self._updating = asyncio.Lock()  # one RPC sequence (update or deferred removal) at a time
         self._ids = itertools.count()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from skyrl_glm.sync.update import UpdateResult
@@ -24,52 +25,49 @@ WORKER_EXTENSION = "skyrl_glm.sync.vllm.worker.LoraSyncWorkerExtension"
 def engine_environment() -> dict[str, str]:
     """Environment variables vLLM's engine processes read at start that this machine needs (the engine core inherits
     them; vLLM takes no engine argument for them): without flashinfer installed, vLLM's GPU sampler must be told not
-    to use it, or every engine dies at its first sampling step (``No module named 'flashinfer'``)."""
+    to use it, or every engine dies at its first sampling step (``No module named 'flashinfer'``); on CPU a small KV
+    cache (tiny checkpoints need little, and vLLM's CPU default reserves host memory for it)."""
     import importlib.util
 
+    from vllm.platforms import current_platform
+
+    env = {}
     if importlib.util.find_spec("flashinfer") is None:
-        return {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
-    return {}
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    if current_platform.is_cpu():
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    return env
 
 
 def apply_engine_environment() -> None:
-    """Set :func:`engine_environment` before an engine starts; a value the user set wins."""
+    """What an engine's processes inherit, put in place before one starts: :func:`engine_environment` (a value the
+    user set wins) and the run's control key (its file is named in the environment)."""
     for key, value in engine_environment().items():
         os.environ.setdefault(key, value)
+    sender_key()
 
 
-def engine_settings(
-    model_dir: str,
-    *,
-    max_lora_rank: int = 16,
-    max_model_len: int = 256,
-    max_loras: int = 2,
-    max_cpu_loras: int = 3,
-    **engine_kwargs: Any,
-) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM`` or ``AsyncEngineArgs``: LoRA on, the skyrl-glm worker extension."""
+def engine_settings(engine: Mapping[str, Any], *, max_lora_rank: int = 16) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` or ``AsyncEngineArgs``: a checkpoint's serving arguments (``model`` and
+    what :func:`~skyrl_glm.models.vllm_targets.vllm_engine_kwargs` gives for its family, or any vLLM argument)
+    completed with LoRA on, the skyrl-glm worker extension and the sampler's defaults; a key in ``engine`` wins."""
     from vllm.platforms import current_platform
 
-    apply_engine_environment()
-    sender_key()  # the run's control key exists before the engine starts: its processes inherit the file name
+    settings: dict[str, Any] = {
+        "enable_lora": True,
+        "max_lora_rank": max_lora_rank,
+        "max_loras": 2,
+        "max_cpu_loras": 3,
+        "max_model_len": 256,
+        "enforce_eager": True,
+        # A prefix-cache hit runs other kernels than a fresh prefill (bf16 MLA on CPU differs by ~4e-3), which
+        # would break the check's repeat-score test; the sampler used for checking scores from scratch.
+        "enable_prefix_caching": False,
+        "worker_extension_cls": WORKER_EXTENSION,
+    }
     if current_platform.is_cpu():
-        # On CPU "gpu_memory_utilization" reserves host memory; tiny test models need little KV cache.
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        engine_kwargs.setdefault("gpu_memory_utilization", 0.2)
-    engine_kwargs.setdefault("enforce_eager", True)
-    # A prefix-cache hit runs other kernels than a fresh prefill (bf16 MLA on CPU differs by ~4e-3), which
-    # would break the check's repeat-score test; the sampler used for checking scores from scratch.
-    engine_kwargs.setdefault("enable_prefix_caching", False)
-    engine_kwargs.setdefault("max_model_len", max_model_len)
-    engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
-    return dict(
-        model=str(model_dir),
-        enable_lora=True,
-        max_lora_rank=max_lora_rank,
-        max_loras=max_loras,
-        max_cpu_loras=max_cpu_loras,
-        **engine_kwargs,
-    )
+        settings["gpu_memory_utilization"] = 0.2  # on CPU it reserves host memory
+    return {**settings, **engine}
 
 
 def prompt_logprobs(output: Any, sequence: list[int]) -> list[float]:
@@ -98,11 +96,13 @@ def greedy_params(max_tokens: int) -> Any:
 class VllmEngineSampler(LoraVersions):
     """Owns a ``vllm.LLM`` with LoRA enabled and the skyrl-glm worker extension."""
 
-    def __init__(self, model_dir: str, *, max_lora_rank: int = 16, max_model_len: int = 256, **engine_kwargs: Any):
+    def __init__(self, engine: Mapping[str, Any], *, max_lora_rank: int = 16):
+        """``engine``: vLLM arguments, ``model`` among them (see :func:`engine_settings`)."""
         from vllm import LLM
 
         super().__init__()
-        settings = engine_settings(model_dir, max_lora_rank=max_lora_rank, max_model_len=max_model_len, **engine_kwargs)
+        settings = engine_settings(engine, max_lora_rank=max_lora_rank)
+        apply_engine_environment()
         self.llm = LLM(**settings)
 
     def close(self, timeout: float = 1.0) -> None:
