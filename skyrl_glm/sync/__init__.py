@@ -7,7 +7,7 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
 
     trainer side
     plan.py          build_plan: fold, dedup, packed stream layout, manifest (SyncPlan)
-    dedup.py         exact dedup: one sent tensor per value, every public name that shows it
+    dedup.py         exact dedup: one sent tensor per value, every public name that shows it; the stream read in parts
     publisher.py     InMemoryPublisher (the one publisher: library, check, SkyRL) and DiskPublisher (the baseline)
     both sides
     manifest.py      Manifest / TensorEntry: the JSON that says exactly what an update holds
