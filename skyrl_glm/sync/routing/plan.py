@@ -31,6 +31,7 @@ import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from skyrl_glm.models.base import COLUMN, EXPERT_COLUMN, QKV_KV, REPLICATED, ROW
@@ -38,8 +39,10 @@ from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, pack_entries
 
 
 @functools.cache
-def target_styles() -> dict[str, str]:
-    """``{HF target: vLLM TP style}`` from the target records of every registered model family."""
+@functools.cache
+def target_styles() -> Mapping[str, str]:
+    """``{HF target: vLLM TP style}`` from the target records of every registered model family (read once, as the
+    registry is)."""
     from skyrl_glm.plugins import registry
 
     styles: dict[str, str] = {}
@@ -49,7 +52,7 @@ def target_styles() -> dict[str, str]:
                 continue
             if styles.setdefault(t.hf, t.tp_style) != t.tp_style:
                 raise RoutingError(f"model families disagree on the TP style of {t.hf!r}")
-    return styles
+    return MappingProxyType(styles)
 
 
 _LORA = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
