@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from skyrl_glm.lora.bridge import synthetic_bridge_export
+from skyrl_glm.lora.bridge import _layer_is_moe, synthetic_bridge_export
 from skyrl_glm.lora.sizes import GB, adapter_sizes, family_sizes, print_sizes_table
 from skyrl_glm.models import glm5
 
@@ -55,3 +55,17 @@ def test_table_prints():
     print_sizes_table([family_sizes(glm5.FAMILY), family_sizes(glm5.FAMILY, full=False)], console)
     text = console.export_text()
     assert "glm-5.3 (full)" in text and "116,292" in text and "routed_expert" in text
+
+
+def test_a_multimodal_config_is_sized_by_its_text_model():
+    """GLM-5.3-Flash's config is multimodal: its shapes live in its text config (read there, not off the top)."""
+    from skyrl_glm.models import glm5_flash
+
+    cfg = glm5_flash.tiny_config()
+    assert not hasattr(cfg, "hidden_size") and cfg.get_text_config() is not cfg
+    targets = glm5_flash.FAMILY.lora.resolve(sampler="vllm")
+    s = adapter_sizes(cfg, glm5_flash.FAMILY.lora, rank=32, targets=targets)
+    export = list(synthetic_bridge_export(cfg, glm5_flash.FAMILY.lora, rank=32, targets=targets))
+    text = cfg.get_text_config()
+    assert s.public_tensors == len(export) > 0
+    assert s.by_kind["routed_expert"][0] == sum(_layer_is_moe(text)) * text.n_routed_experts * 6

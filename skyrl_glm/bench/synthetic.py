@@ -59,14 +59,13 @@ class BenchOptions:
 
 
 def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]:
-    """The registered family and its tiny or full HF config, cut to ``layers`` MoE layers when asked."""
+    """The registered family and its tiny or full HF (text) config, cut to ``layers`` MoE layers when asked."""
+    from skyrl_glm.lora.bridge import _layer_is_moe, text_config
     from skyrl_glm.plugins import registry
 
     family = registry().model(model)
-    cfg = family.config(config)
+    cfg = text_config(family.config(config))
     if layers is not None:
-        from skyrl_glm.lora.bridge import _layer_is_moe
-
         moe_idx = [i for i, m in enumerate(_layer_is_moe(cfg)) if m]
         if not 0 < layers <= len(moe_idx):
             raise SystemExit(f"--layers must be in 1..{len(moe_idx)} for this config")

@@ -66,7 +66,15 @@ class TensorSpec:
         return n
 
 
+def text_config(config: Any) -> Any:
+    """The config that holds the text model's shapes: a multimodal one's (GLM-5.3-Flash's) text config, else
+    itself (plain namespaces included)."""
+    get = getattr(config, "get_text_config", None)
+    return config if get is None else get()
+
+
 def _layer_is_moe(config: Any) -> list[bool]:
+    config = text_config(config)
     types = getattr(config, "mlp_layer_types", None)
     if types:
         return [t == "sparse" for t in types]
@@ -79,7 +87,9 @@ def bridge_export_specs(
 ) -> list[TensorSpec]:
     """The tensors ``export_adapter_weights`` yields for this config and these targets of the family's policy, in
     export order. Names and shapes come from each target's record (:attr:`LoraTarget.modules`, ``shape``); a
-    Megatron fused module is adapted as a whole, so one member of a fused group brings the others."""
+    Megatron fused module is adapted as a whole, so one member of a fused group brings the others. A multimodal
+    config (GLM-5.3-Flash's) is read through its text model's, which holds the shapes."""
+    config = text_config(config)
     chosen = lora.with_fused_peers(targets)
     shapes = {t.hf: t.shape(config) if t.shape is not None else None for t in chosen}
     unknown = [hf for hf, shape in shapes.items() if shape is None]
