@@ -100,8 +100,9 @@ class VllmNamedStream(StreamReader):
                 raise ValueError(f"{name}: an expert tensor without an expert index is not a (1, ...) shared side")
             if not self.num_moe_experts:
                 raise ValueError(f"{name}: a shared expert adapter, but the model's expert count is unknown")
-            head = name[: _UNINDEXED_EXPERTS.search(name).start()]  # type: ignore[union-attr]
-            tail = _UNINDEXED_EXPERTS.search(name)["tail"]  # type: ignore[index]
+            unindexed = _UNINDEXED_EXPERTS.search(name)
+            assert unindexed is not None  # held only when it matched
+            head, tail = name[: unindexed.start()], unindexed["tail"]
             one = tensor[0]
             for e in range(self.num_moe_experts):
                 public = f"{head}.mlp.experts.{e}.{tail}"
