@@ -1,0 +1,65 @@
+"""scripts/gpu-kit: the parts of a packed tree verify, unpack to the same tree, and a missing or corrupt part is one
+line and exit 2 before anything is unpacked."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(shutil.which("zstd") is None, reason="the builder packs with the zstd command")
+
+
+@pytest.fixture
+def kit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    loader = importlib.machinery.SourceFileLoader("gpu_kit", str(ROOT / "scripts" / "gpu-kit"))
+    spec = importlib.util.spec_from_loader("gpu_kit", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    monkeypatch.setattr(module, "KIT", tmp_path / "kit")
+    monkeypatch.setattr(module, "PART_BYTES", 4096)
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    for i in range(6):
+        (tree / "pkg" / f"f{i}.bin").write_bytes(os.urandom(3000))  # incompressible: several parts
+    (tree / "pkg" / "__init__.py").write_text("VALUE = 7\n")
+    module.pack("stack", tree, ["pkg==1"])
+    return module, tree, tmp_path
+
+
+def test_parts_unpack_to_the_same_tree(kit) -> None:
+    module, tree, tmp_path = kit
+    names = module.parts(module.KIT)
+    assert len(names) >= 4
+    archives = module.verify(module.KIT)
+    module.unpack(archives["stack"], tmp_path / "out")
+    for path in tree.rglob("*"):
+        if path.is_file():
+            assert (tmp_path / "out" / path.relative_to(tree)).read_bytes() == path.read_bytes()
+
+
+def test_corrupt_part_is_named(kit) -> None:
+    module, _, _ = kit
+    victim = module.KIT / module.parts(module.KIT)[1]
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(module.KitError, match=f"{victim.name}: sha256 mismatch"):
+        module.verify(module.KIT)
+
+
+def test_missing_part_exits_2_in_one_line(kit, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    module, _, tmp_path = kit
+    (module.KIT / module.parts(module.KIT)[-1]).unlink()
+    monkeypatch.setattr(module, "DEVICE", tmp_path / "device")
+    (tmp_path / "device").mkdir()
+    shutil.copytree(module.KIT, tmp_path / "device" / "parts")
+    assert module.main(["install"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "part missing" in err[0]
+    assert not (tmp_path / "device" / "stack").exists()
