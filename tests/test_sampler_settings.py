@@ -72,3 +72,12 @@ def test_an_error_without_a_message_says_where_it_was_raised() -> None:
         text = describe_error(e)
     assert text.startswith("RuntimeError: vLLM could not load the adapter <- AssertionError at ")
     assert "test_sampler_settings.py:" in text
+
+
+def test_gpu_share_takes_a_share_and_refuses_the_rest() -> None:
+    from skyrl_glm.sync.vllm.engine import gpu_share
+
+    assert gpu_share("0.25") == 0.25
+    for bad in ("0", "-0.1", "1.5", "nan", "inf", "half"):
+        with pytest.raises(ValueError, match="SKYRL_GLM_GPU_MEMORY_UTILIZATION"):
+            gpu_share(bad)

@@ -47,6 +47,21 @@ def apply_engine_environment() -> None:
     sender_key()
 
 
+GPU_SHARE_ENV = "SKYRL_GLM_GPU_MEMORY_UTILIZATION"
+"""The share of GPU memory a sampler engine takes (vLLM's default 0.9 leaves room for one engine per GPU): set
+it to run several checks side by side on one GPU."""
+
+
+def gpu_share(value: str) -> float:
+    try:
+        share = float(value)
+    except ValueError:
+        share = float("nan")
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"{GPU_SHARE_ENV}={value!r}: a share of GPU memory in (0, 1]")
+    return share
+
+
 def engine_settings(engine: Mapping[str, Any], *, max_lora_rank: int = 16) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` or ``AsyncEngineArgs``: a checkpoint's serving arguments (``model`` and
     what :func:`~skyrl_glm.models.vllm_targets.vllm_engine_kwargs` gives for its family, or any vLLM argument)
@@ -67,6 +82,8 @@ def engine_settings(engine: Mapping[str, Any], *, max_lora_rank: int = 16) -> di
     }
     if current_platform.is_cpu():
         settings["gpu_memory_utilization"] = 0.2  # on CPU it reserves host memory
+    elif share := os.environ.get(GPU_SHARE_ENV):
+        settings["gpu_memory_utilization"] = gpu_share(share)
     return {**settings, **engine}
 
 
