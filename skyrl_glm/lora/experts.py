@@ -132,3 +132,26 @@ def vllm_adapter_config(config: Mapping[str, Any], fused: list[FusedExpertLora])
     out["target_modules"] = sorted(modules)
     out["target_parameters"] = None
     return out
+
+
+def routed_expert_targets() -> frozenset[str]:
+    """The HF names of every registered family's routed-expert targets (fused parameters in transformers 5)."""
+    from skyrl_glm.plugins import registry
+
+    return frozenset(t.hf for f in registry().models.values() for t in f.lora.targets if t.kind == "routed_expert")
+
+
+def lora_config_with_expert_parameters(lora_config: type) -> Any:
+    """PEFT's ``LoraConfig`` as SkyRL's model wrapper calls it, with routed-expert names in ``target_modules``
+    moved to ``target_parameters`` (PEFT would otherwise match no module by them and leave the experts out)."""
+
+    def make(**kwargs: Any) -> Any:
+        modules = kwargs.get("target_modules")
+        routed = routed_expert_targets()
+        if isinstance(modules, list | tuple) and routed & set(modules):
+            kwargs["target_modules"] = [m for m in modules if m not in routed]
+            kwargs["target_parameters"] = [m for m in modules if m in routed]
+        return lora_config(**kwargs)
+
+    make.expert_parameters_from = lora_config
+    return make

@@ -1,7 +1,10 @@
 """SkyRL's FSDP2 policy worker with skyrl-glm's in-memory LoRA sync.
 
 SkyRL 0.4's FSDP worker syncs LoRA only through files (``lora.sync_mode=memory`` is Megatron-only there); this
-subclass adds the in-memory path (:class:`~skyrl_glm.skyrl.worker_sync.GlmSyncMixin`).
+subclass adds the in-memory path (:class:`~skyrl_glm.skyrl.worker_sync.GlmSyncMixin`). SkyRL hands
+``trainer.policy.model.lora.target_modules`` to PEFT as modules only, and transformers 5 keeps routed experts as
+fused parameters (``mlp.experts.gate_up_proj``), which PEFT reaches only as ``target_parameters``: the worker's
+``LoraConfig`` moves a registered family's routed-expert targets there (a seam in ``skyrl_glm/seams.py``).
 """
 
 from __future__ import annotations
@@ -11,10 +14,23 @@ from typing import Any
 
 import ray
 import torch
-from skyrl.backends.skyrl_train.workers.fsdp import fsdp_worker
 
-from skyrl_glm.lora.experts import fused_expert_loras, vllm_adapter_config, vllm_expert_adapter
+from skyrl_glm.lora.experts import (
+    fused_expert_loras,
+    lora_config_with_expert_parameters,
+    vllm_adapter_config,
+    vllm_expert_adapter,
+)
+from skyrl_glm.skyrl.bert_padding import provide_bert_padding
 from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
+
+provide_bert_padding()  # before SkyRL's worker modules, which import flash_attn.bert_padding
+
+from skyrl.backends.skyrl_train.workers import model_wrapper  # noqa: E402
+from skyrl.backends.skyrl_train.workers.fsdp import fsdp_worker  # noqa: E402
+
+if not hasattr(model_wrapper.LoraConfig, "expert_parameters_from"):
+    model_wrapper.LoraConfig = lora_config_with_expert_parameters(model_wrapper.LoraConfig)
 
 
 class FSDPPolicyWorkerBase(GlmSyncMixin, fsdp_worker.FSDPPolicyWorkerBase):
