@@ -154,7 +154,7 @@ def test_sender_gone_or_short_segment_is_rejected():
     tx.release()  # the sender died and its segment is gone
     with pytest.raises(UpdateRejected, match="transfer failed"):
         AdapterReceiver().receive(plan.manifest.to_json(), handle, tx)
-    bigger = _bad(plan, total_bytes=plan.manifest.total_bytes + 1 << 20)
+    bigger = _bad(plan, total_bytes=plan.manifest.total_bytes + (1 << 20))
     with pytest.raises(UpdateRejected, match="transfer failed"):
         _receive(plan, manifest_json=bigger)
 

@@ -39,7 +39,6 @@ from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, pack_entries
 
 
 @functools.cache
-@functools.cache
 def target_styles() -> Mapping[str, str]:
     """``{HF target: vLLM TP style}`` from the target records of every registered model family (read once, as the
     registry is)."""
