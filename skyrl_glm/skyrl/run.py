@@ -205,7 +205,7 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
     import ray
 
     from skyrl_glm import usage
-    from skyrl_glm.skyrl.check import HandoffCheckFailed
+    from skyrl_glm.skyrl.check_live import HandoffCheckFailed
     from skyrl_glm.skyrl.hardware import ray_shortfall
     from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER, RunLog
 
