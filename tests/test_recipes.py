@@ -207,6 +207,21 @@ def test_cli_train_dry_run(capsys):
     assert err == "skyrl-glm: error: command line: trainer.sed: unknown key (did you mean trainer.seed?)"
 
 
+def test_overrides_after_a_flag_count_as_overrides(capsys):
+    # As a new user types it: the flag first, then the overrides (argparse alone refused them).
+    argv = ["train", "glm53_dapo_math", "trainer.seed=3", "--dry-run", "trainer.export_path=/exports/x"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "skyrl-glm train glm53_dapo_math trainer.seed=3 trainer.export_path=/exports/x" in out
+    with pytest.raises(SystemExit) as e:
+        main(["train", "glm53_dapo_math", "--dry-run", "--no-such-flag"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("skyrl-glm: error: unrecognized arguments: --no-such-flag")
+    with pytest.raises(SystemExit):
+        main(["models", "extra=1"])  # a command without overrides takes none
+    assert "unrecognized arguments: extra=1" in capsys.readouterr().err
+
+
 def test_cli_validate_show_list(tmp_path, capsys):
     assert main(["recipes", "validate", "glm53_dapo_math"]) == 0
     assert "ok glm53_dapo_math" in capsys.readouterr().out
