@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,18 +87,17 @@ def private_names_used() -> dict[str, str]:
     return used
 
 
-def test_every_private_name_used_is_recorded() -> None:
-    recorded = {s.name for s in SEAMS}
-    unrecorded = {name: where for name, where in private_names_used().items() if name not in recorded}
-    assert not unrecorded, f"private library names used without a record in skyrl_glm/seams.py: {unrecorded}"
+def _in_a_package(source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the scans at a package of one module, ``skyrl_glm/m.py`` with ``source``."""
+    fake = tmp_path / "skyrl_glm"
+    fake.mkdir()
+    (fake / "m.py").write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
 
 
 def test_the_scan_finds_a_private_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The completeness check can fail: a module that calls a private vLLM method is found.
-    fake = tmp_path / "skyrl_glm"
-    fake.mkdir()
-    (fake / "m.py").write_text("def f(llm):\n    return llm.llm_engine._private_step()\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    _in_a_package("def f(llm):\n    return llm.llm_engine._private_step()\n", tmp_path, monkeypatch)
     assert private_names_used() == {"_private_step": "skyrl_glm/m.py:2"}
 
 
@@ -137,21 +137,20 @@ def library_names_assigned() -> dict[str, str]:
     return assigned
 
 
-def test_every_library_name_patched_is_recorded() -> None:
+@pytest.mark.parametrize("scan", [private_names_used, library_names_assigned], ids=["used", "patched"])
+def test_every_private_name_used_and_library_name_patched_is_recorded(scan: Callable[[], dict[str, str]]) -> None:
     recorded = {s.name for s in SEAMS}
-    unrecorded = {name: where for name, where in library_names_assigned().items() if name not in recorded}
-    assert not unrecorded, f"library names patched without a record in skyrl_glm/seams.py: {unrecorded}"
+    unrecorded = {name: where for name, where in scan().items() if name not in recorded}
+    assert not unrecorded, f"{scan.__name__}: names without a record in skyrl_glm/seams.py: {unrecorded}"
 
 
 def test_the_scan_finds_a_patched_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The completeness check can fail: an imported module's attribute and a handed-in module's are both found.
-    fake = tmp_path / "skyrl_glm"
-    fake.mkdir()
-    (fake / "m.py").write_text(
+    source = (
         "import types\nimport torch\n\n\ndef f(dist: types.ModuleType, local):\n"
         "    torch.cuda.empty_cache = None\n    dist.barrier = None\n    local.field = 1\n"
     )
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    _in_a_package(source, tmp_path, monkeypatch)
     assert library_names_assigned() == {"empty_cache": "skyrl_glm/m.py:6", "barrier": "skyrl_glm/m.py:7"}
 
 
