@@ -219,6 +219,15 @@ SEAMS: tuple[Seam, ...] = (
         "on the trainer's dispatch instance: every sync SkyRL's loop makes then runs the handoff check",
     ),
     Seam(
+        "skyrl.backends.skyrl_train.workers.model_wrapper",
+        "LoraConfig",
+        "patched",
+        SKYRL,
+        "skyrl_glm/skyrl/fsdp.py",
+        "the FSDP worker's PEFT config: a registered family's routed-expert targets go to target_parameters "
+        "(transformers 5 keeps routed experts fused, which PEFT reaches only as parameters)",
+    ),
+    Seam(
         "torch.cuda",
         "set_device",
         "patched",
