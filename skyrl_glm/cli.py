@@ -50,8 +50,20 @@ def _command_modules() -> list:
     return [models_cli, check_cli, check_matrix, bench_cli, train_cli, recipes_cli, dapo_cli]
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with a command's ``key=value`` overrides taken wherever they stand among its flags
+    (argparse ends a positional list at the first flag: ``train R --dry-run k=v`` would refuse ``k=v``)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     quiet.configure(args.verbose)
     try:
         return int(args.func(args) or 0)

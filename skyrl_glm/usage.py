@@ -1,18 +1,29 @@
-"""Bad input from a user, and the checks that find it before any work starts.
+"""How a command ends: what each exit status means (listed in docs/exit-codes.md), bad input from a user and the
+checks that find it before any work starts, and a started run that failed.
 
 Every error a user can fix (an unknown name, a bad number, a path that cannot be written) is a
-:class:`UsageError`; ``skyrl-glm`` prints its message on one line and exits 2, never with a traceback.
-Kept free of heavy imports: the CLI's argument checks use it before torch or vLLM load.
+:class:`UsageError`; ``skyrl-glm`` prints its message on one line and exits 2, never with a traceback. A run-time
+failure is reported as one line naming the error and where the full log is; the traceback goes to the log
+(``logging``), not to the terminal. Kept free of heavy imports: the CLI's argument checks use it before torch or
+vLLM load.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import tempfile
 from pathlib import Path
 
 PROG = "skyrl-glm"
+
+OK = 0
+CHECK_FAILED = 1  # the handoff check ran and its verdict is FAIL (the report says which step)
+USAGE = 2  # the input cannot run: a bad option, recipe, override, file, or hardware the run needs and lacks
+RUN_FAILED = 3  # a run that started failed on the way (a sync refused, an engine or worker died, ...)
+
+log = logging.getLogger("skyrl_glm.train")
 
 
 class UsageError(ValueError):
@@ -28,7 +39,26 @@ def print_error(prog: str, message: object) -> int:
     """The one way a command reports bad input: ``<prog>: error: <message>`` on one line of stderr. Returns 2,
     the exit code of bad input."""
     print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
-    return 2
+    return USAGE
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The original exception behind Ray's wrappers (``RayTaskError.cause``, chained through actors)."""
+    seen: set[int] = set()
+    while (cause := getattr(error, "cause", None)) is not None and id(cause) not in seen:
+        seen.add(id(error))
+        error = cause
+    return error
+
+
+def run_failed(command: str, error: BaseException, log_path: str | None) -> int:
+    """Report a failure of a started run on one line of stderr (the traceback to the log); returns RUN_FAILED."""
+    cause = root_cause(error)
+    log.debug("%s failed", command, exc_info=(type(error), error, error.__traceback__))
+    text = one_line(cause) or type(cause).__name__
+    where = f" (log: {log_path})" if log_path else ""
+    print(f"{command}: failed: {type(cause).__name__}: {text[:400]}{where}", file=sys.stderr)
+    return RUN_FAILED
 
 
 def positive_int(option: str, value: int) -> int:

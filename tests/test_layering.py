@@ -2,12 +2,15 @@
 
 Top-level command modules (``skyrl_glm.cli``, ``skyrl_glm.train``) are doors entered from outside: no module of the
 package imports one. Each domain's commands live in its own package (``models``, ``check``, ``bench``, ``skyrl``,
-``dapo``), and the command modules of different domains do not import each other.
+``dapo``), and the command modules of different domains do not import each other. The sync core (``sync`` outside
+``sync/vllm``) imports no engine code and no SkyRL glue: not vLLM, not Ray, not ``sync/vllm``, ``skyrl/``, the check,
+the commands; of SkyRL itself only the weight-sync helpers it reuses (the alpha fold, the alias expansion).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -27,9 +30,9 @@ def modules() -> dict[str, ast.Module]:
     return out
 
 
-def imports(name: str) -> set[str]:
-    """The package's modules that ``name`` imports (``from pkg import mod`` counts as importing ``pkg.mod``)."""
-    known = modules()
+def imported(name: str, known: Mapping[str, ast.Module]) -> set[str]:
+    """Every module name ``name``'s import statements name, absolute (``from pkg import x`` names ``pkg`` and
+    ``pkg.x``)."""
     package = name if _is_package(name) else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(known[name]):
@@ -42,7 +45,13 @@ def imports(name: str) -> set[str]:
                 base = ".".join([*anchor, base] if base else anchor)
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names}
-    return {m for m in found if m in known}
+    return found
+
+
+def imports(name: str) -> set[str]:
+    """The package's modules that ``name`` imports (``from pkg import mod`` counts as importing ``pkg.mod``)."""
+    known = modules()
+    return {m for m in imported(name, known) if m in known}
 
 
 def _is_package(name: str) -> bool:
@@ -76,6 +85,64 @@ def layering_violations() -> list[str]:
             if n in domains and domains[n] != domain
         ]
     return bad
+
+
+# What the sync core must not import (a module, or anything under it), and the SkyRL pieces it reuses on purpose.
+SYNC_CORE_REFUSES = (
+    "vllm",
+    "ray",
+    "skyrl",
+    "skyrl_glm.sync.vllm",
+    "skyrl_glm.skyrl",
+    "skyrl_glm.check",
+    "skyrl_glm.dapo",
+    "skyrl_glm.bench",
+    "skyrl_glm.cli",
+    "skyrl_glm.train",
+)
+SYNC_CORE_REUSES = (
+    "skyrl.backends.skyrl_train.weight_sync.lora_target",  # expand_lora_aliases: the receiver's rebuild
+    "skyrl.backends.skyrl_train.distributed.megatron.lora_export",  # fold_lora_alpha_for_vllm: the sender's fold
+)
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def sync_core_violations(known: Mapping[str, ast.Module]) -> list[str]:
+    core = [m for m in known if _under(m, ("skyrl_glm.sync",)) and not _under(m, ("skyrl_glm.sync.vllm",))]
+    return [
+        f"{m} (the sync core) imports {n}"
+        for m in core
+        for n in sorted(imported(m, known))
+        if _under(n, SYNC_CORE_REFUSES) and not _under(n, SYNC_CORE_REUSES)
+    ]
+
+
+def test_the_sync_core_imports_no_engine_and_no_skyrl_glue():
+    assert sync_core_violations(modules()) == []
+
+
+def test_a_sync_core_import_of_the_engine_or_the_glue_fails_the_rule():
+    # The rule can fail: a sync-core module with the imports it must not have, function-level and type-only too.
+    bad = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from skyrl_glm.skyrl.publish import SkyRLServers\n"
+        "def f():\n    import vllm\n    from ..vllm import engine\n"
+        "    from skyrl.train.trainer import RayPPOTrainer\n"
+        "    from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases\n"
+    )
+    known = {**modules(), "skyrl_glm.sync.transports.fake": bad}
+    assert sync_core_violations(known) == [
+        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl.train.trainer",
+        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl.train.trainer.RayPPOTrainer",
+        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.skyrl.publish",
+        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.skyrl.publish.SkyRLServers",
+        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.sync.vllm",
+        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.sync.vllm.engine",
+        "skyrl_glm.sync.transports.fake (the sync core) imports vllm",
+    ]
 
 
 def test_the_walk_sees_the_doors_and_the_domain_commands():

@@ -59,9 +59,21 @@ def test_recipe_promises(recipe):
 
 # The loss and advantage settings a recipe must state itself (SkyRL's defaults for some change in its next release).
 EXPLICIT_ALGORITHM = (
-    "advantage_estimator", "grpo_norm_by_std", "advantage_batch_normalize", "zero_variance_filter",
-    "policy_loss_type", "eps_clip_low", "eps_clip_high", "loss_reduction", "temperature", "use_kl_loss",
-    "kl_loss_coef", "use_kl_in_reward", "use_entropy_loss", "enable_sample_support_replay", "dynamic_sampling",
+    "advantage_estimator",
+    "grpo_norm_by_std",
+    "advantage_batch_normalize",
+    "zero_variance_filter",
+    "policy_loss_type",
+    "eps_clip_low",
+    "eps_clip_high",
+    "loss_reduction",
+    "temperature",
+    "use_kl_loss",
+    "kl_loss_coef",
+    "use_kl_in_reward",
+    "use_entropy_loss",
+    "enable_sample_support_replay",
+    "dynamic_sampling",
     "off_policy_correction",
 )
 
@@ -193,6 +205,21 @@ def test_cli_train_dry_run(capsys):
     assert main(["train", "glm53_dapo_math", "trainer.sed=3", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "skyrl-glm: error: command line: trainer.sed: unknown key (did you mean trainer.seed?)"
+
+
+def test_overrides_after_a_flag_count_as_overrides(capsys):
+    # As a new user types it: the flag first, then the overrides (argparse alone refused them).
+    argv = ["train", "glm53_dapo_math", "trainer.seed=3", "--dry-run", "trainer.export_path=/exports/x"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "skyrl-glm train glm53_dapo_math trainer.seed=3 trainer.export_path=/exports/x" in out
+    with pytest.raises(SystemExit) as e:
+        main(["train", "glm53_dapo_math", "--dry-run", "--no-such-flag"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("skyrl-glm: error: unrecognized arguments: --no-such-flag")
+    with pytest.raises(SystemExit):
+        main(["models", "extra=1"])  # a command without overrides takes none
+    assert "unrecognized arguments: extra=1" in capsys.readouterr().err
 
 
 def test_cli_validate_show_list(tmp_path, capsys):

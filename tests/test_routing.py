@@ -21,6 +21,7 @@ from skyrl_glm.bench.routing_run import (
 )
 from skyrl_glm.bench.verify import bytes_equal
 from skyrl_glm.lora.bridge import adapter_config
+from skyrl_glm.models import glm4, glm5
 from skyrl_glm.sync.manifest import Manifest
 from skyrl_glm.sync.plan import SyncPlan, build_plan, pack_into
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
@@ -28,6 +29,7 @@ from skyrl_glm.sync.routing.plan import (
     ReceiverLayout,
     RoutingError,
     Slice,
+    TargetRules,
     assign_owners,
     column_parallel,
     expected_slices,
@@ -38,12 +40,13 @@ from skyrl_glm.sync.routing.plan import (
     replicated,
     row_parallel,
     split,
-    target_styles,
 )
 from skyrl_glm.sync.routing.transport import piece_checksums, route_label
 from skyrl_glm.sync.transports.base import Transport
 
 P = "base_model.model.model.layers"
+GQA = TargetRules(glm4.FAMILY.lora)  # GLM-4.5's records: q/k/v attention
+MLA = TargetRules(glm5.FAMILY.lora)  # GLM-5.3's: MLA, the indexer, routed experts (what the 8-process run routes)
 
 # ------------------------------------------------------------------------------------------ sharding rules
 
@@ -62,7 +65,7 @@ def test_row_parallel_splits_a_columns_and_keeps_b_whole():
 def test_replicated_and_kv_head_replicas():
     assert replicated("B", (64, 8), 4) == {r: None for r in range(4)}
     # QKVParallelLinear with 2 kv heads on TP4: ranks 0,1 hold kv head 0, ranks 2,3 head 1 (kv_shard_id = r // 2).
-    kv = placement(f"{P}.0.self_attn.k_proj.lora_B.weight", (32, 8), ReceiverLayout(4, num_kv_heads=2))
+    kv = placement(f"{P}.0.self_attn.k_proj.lora_B.weight", (32, 8), ReceiverLayout(4, num_kv_heads=2), GQA)
     assert kv == {0: Slice(0, 0, 16), 1: Slice(0, 0, 16), 2: Slice(0, 16, 32), 3: Slice(0, 16, 32)}
 
 
@@ -70,7 +73,7 @@ def test_indivisible_shard_is_refused():
     with pytest.raises(RoutingError, match="not divisible"):
         split((30, 8), 0, 4)
     with pytest.raises(RoutingError, match="num_kv_heads"):
-        placement(f"{P}.0.self_attn.v_proj.lora_B.weight", (32, 8), ReceiverLayout(4))
+        placement(f"{P}.0.self_attn.v_proj.lora_B.weight", (32, 8), ReceiverLayout(4), GQA)
 
 
 @pytest.mark.parametrize(
@@ -89,17 +92,17 @@ def test_indivisible_shard_is_refused():
 )
 def test_parse_name(module, expect):
     for prefix in ("model.layers", P):  # Bridge export names and vLLM (PEFT-prefixed) names
-        n = parse_name(f"{prefix}.3.{module}.lora_B.weight")
+        n = parse_name(f"{prefix}.3.{module}.lora_B.weight", MLA)
         assert (n.target, n.expert, n.layer, n.ab) == (*expect, 3, "B")
 
 
 def test_unknown_and_fused_3d_names_are_refused():
     with pytest.raises(RoutingError, match="no vLLM TP sharding rule"):
-        parse_name(f"{P}.3.mlp.experts.base_layer.lora_A.weight")  # vLLM 3D layout: not routed
+        parse_name(f"{P}.3.mlp.experts.base_layer.lora_A.weight", MLA)  # vLLM 3D layout: not routed
     with pytest.raises(RoutingError, match="no vLLM TP sharding rule"):
-        parse_name(f"{P}.3.self_attn.mystery_proj.lora_A.weight")
+        parse_name(f"{P}.3.self_attn.mystery_proj.lora_A.weight", MLA)
     with pytest.raises(RoutingError, match="not a per-module"):
-        parse_name("lm_head.weight")
+        parse_name("lm_head.weight", MLA)
 
 
 def test_every_family_target_has_a_sharding_rule():
@@ -108,16 +111,25 @@ def test_every_family_target_has_a_sharding_rule():
 
     reg = registry()
     for fam in ("glm-5.3", "glm-5.3-flash", "glm-4.5"):
+        rules = TargetRules(reg.model(fam).lora)
         for t in reg.model(fam).lora.targets:
-            assert t.tp_style is not None and target_styles()[t.hf] == t.tp_style, (fam, t.hf)
+            assert t.tp_style is not None and rules.styles[t.hf] == t.tp_style, (fam, t.hf)
+
+
+def test_a_family_routes_by_its_own_records_only():
+    # GLM-4.5's k_proj is no target of GLM-5.3 (MLA): with GLM-5.3's rules it is refused, not routed by another
+    # family's record (as the registry-wide rules did).
+    assert parse_name(f"{P}.0.self_attn.k_proj.lora_A.weight", GQA).target == "self_attn.k_proj"
+    with pytest.raises(RoutingError, match="no vLLM TP sharding rule"):
+        parse_name(f"{P}.0.self_attn.k_proj.lora_A.weight", MLA)
 
 
 def test_receiver_expert_parallel_places_each_expert_whole_on_its_block_owner():
     lay = ReceiverLayout(4, expert_parallel=True, num_experts=16)
     assert [expert_owner(e, 16, 4) for e in (0, 3, 4, 15)] == [0, 0, 1, 3]
-    assert placement(f"{P}.1.mlp.experts.5.up_proj.lora_B.weight", (32, 8), lay) == {1: None}
+    assert placement(f"{P}.1.mlp.experts.5.up_proj.lora_B.weight", (32, 8), lay, MLA) == {1: None}
     # Non-expert modules keep their TP rule under EP.
-    assert placement(f"{P}.1.self_attn.o_proj.lora_A.weight", (8, 64), lay) == row_parallel("A", (8, 64), 4)
+    assert placement(f"{P}.1.self_attn.o_proj.lora_A.weight", (8, 64), lay, MLA) == row_parallel("A", (8, 64), 4)
     with pytest.raises(RoutingError, match="divisible"):
         ReceiverLayout(4, expert_parallel=True, num_experts=6)
 
@@ -157,9 +169,9 @@ def test_cross_rank_dedup_replicated_names_from_rank_0_experts_from_their_owner(
     assert set().union(*sent) == all_names
     assert sum(len(s) for s in sent) == len(all_names)  # disjoint: every name sent by one rank
     for s, names in enumerate(sent):
-        experts = {parse_name(n).expert for n in names} - {None}
+        experts = {parse_name(n, MLA).expert for n in names} - {None}
         assert experts == set(range(s * per, (s + 1) * per))
-        assert all(parse_name(n).expert is not None for n in names) == (s > 0)  # replicas only from rank 0
+        assert all(parse_name(n, MLA).expert is not None for n in names) == (s > 0)  # replicas only from rank 0
     # Within-rank exact dedup still applies: one shared adapter per EP rank -> 5 unique tensors per MoE layer.
     assert [len(p.tensors) for p in sender_plans[1:]] == [10, 10, 10]
 
@@ -173,7 +185,7 @@ def _pieces_by_tensor(plan) -> dict[tuple[int, str], list[tuple[Any, tuple[int, 
 
 
 def test_tp4_each_unique_tensor_crosses_once_per_receiver_group(sender_plans):
-    plan = plan_routes([p.manifest for p in sender_plans], ReceiverLayout(4))
+    plan = plan_routes([p.manifest for p in sender_plans], ReceiverLayout(4), MLA)
     keys = [p.key for r in plan.routes for p in r.pieces]
     assert len(keys) == len(set(keys))  # a piece is in exactly one route
     assert len({r.key for r in plan.routes}) == len(plan.routes)
@@ -196,10 +208,10 @@ def test_tp4_each_unique_tensor_crosses_once_per_receiver_group(sender_plans):
 def test_plan_refuses_inconsistent_sender_manifests(sender_plans):
     ms = [p.manifest for p in sender_plans]
     with pytest.raises(RoutingError, match="assign owners first"):
-        plan_routes([ms[0], ms[0]], ReceiverLayout(4))
+        plan_routes([ms[0], ms[0]], ReceiverLayout(4), MLA)
     bumped = Manifest.from_json(ms[1].to_json().replace('"version":1', '"version":2'))
     with pytest.raises(RoutingError, match="disagrees"):
-        plan_routes([ms[0], bumped], ReceiverLayout(4))
+        plan_routes([ms[0], bumped], ReceiverLayout(4), MLA)
 
 
 # ------------------------------------------------------------------------------------- loopback execution
@@ -244,7 +256,7 @@ def _pack(plan, sender_plans) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("layout", [ReceiverLayout(4), ReceiverLayout(4, True, 16)], ids=["tp4", "tp4_ep"])
 def test_loopback_every_receiver_rebuilds_exactly_its_slices(sender_plans, layout):
-    plan = plan_routes([p.manifest for p in sender_plans], layout)
+    plan = plan_routes([p.manifest for p in sender_plans], layout, MLA)
     packed, sums = _pack(plan, sender_plans)
     full = full_reference(OPTS)
     for r in range(4):
@@ -253,14 +265,14 @@ def test_loopback_every_receiver_rebuilds_exactly_its_slices(sender_plans, layou
         assert manifest.extra["routing"] == {"receiver": r, "layout": layout.to_json()}
         transport = Loopback(packed)
         got = AdapterReceiver().receive(manifest.to_json(), handle, transport)
-        expected = expected_slices(full, layout, r)
+        expected = expected_slices(full, layout, r, MLA)
         assert set(got.tensors) == set(expected)
         assert all(bytes_equal(got.tensors[n], t) for n, t in expected.items())
         assert set(transport.delivered.values()) == {1}  # each route once
 
 
 def test_loopback_corrupt_piece_is_rejected(sender_plans):
-    plan = plan_routes([p.manifest for p in sender_plans], ReceiverLayout(4))
+    plan = plan_routes([p.manifest for p in sender_plans], ReceiverLayout(4), MLA)
     packed, sums = _pack(plan, sender_plans)
     manifest, handle = plan.receiver_update(2, sums)
     victim = manifest.tensors[-1].name
@@ -283,7 +295,7 @@ def test_alias_across_sharding_rules_ships_whole_and_slice():
         "model.layers.0.self_attn.o_proj.lora_B.weight": "model.layers.0.self_attn.q_b_proj.lora_B.weight"
     }
     layout = ReceiverLayout(4)
-    plan = plan_routes([sp.manifest], layout)
+    plan = plan_routes([sp.manifest], layout, MLA)
     b = "model.layers.0.self_attn.q_b_proj.lora_B.weight"
     pieces = _pieces_by_tensor(plan)[(0, b)]
     assert sorted((p.slice is None, rs) for p, rs in pieces) == [
@@ -297,7 +309,7 @@ def test_alias_across_sharding_rules_ships_whole_and_slice():
     for r in range(4):
         manifest, handle = plan.receiver_update(r, sums)
         got = AdapterReceiver().receive(manifest.to_json(), handle, Loopback(packed))
-        expected = expected_slices(adapter, layout, r)
+        expected = expected_slices(adapter, layout, r, MLA)
         assert set(got.tensors) == set(expected)
         assert all(bytes_equal(got.tensors[n], t) for n, t in expected.items())
         assert got.tensors[b].shape == (16, 8) and got.tensors[

@@ -1,11 +1,13 @@
-"""Every private SkyRL / vLLM / torch name skyrl-glm uses is recorded in ``skyrl_glm.seams`` and still exists in
-the installed versions, so an upgrade that removes one fails here by name."""
+"""Every private SkyRL / vLLM / torch name skyrl-glm uses, and every library name it patches, is recorded in
+``skyrl_glm.seams`` and still exists in the installed versions, so an upgrade that removes one fails here by
+name."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -85,16 +87,74 @@ def private_names_used() -> dict[str, str]:
     return used
 
 
-def test_every_private_name_used_is_recorded() -> None:
-    recorded = {s.name for s in SEAMS}
-    unrecorded = {name: where for name, where in private_names_used().items() if name not in recorded}
-    assert not unrecorded, f"private library names used without a record in skyrl_glm/seams.py: {unrecorded}"
+def _in_a_package(source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the scans at a package of one module, ``skyrl_glm/m.py`` with ``source``."""
+    fake = tmp_path / "skyrl_glm"
+    fake.mkdir()
+    (fake / "m.py").write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
 
 
 def test_the_scan_finds_a_private_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The completeness check can fail: a module that calls a private vLLM method is found.
-    fake = tmp_path / "skyrl_glm"
-    fake.mkdir()
-    (fake / "m.py").write_text("def f(llm):\n    return llm.llm_engine._private_step()\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    _in_a_package("def f(llm):\n    return llm.llm_engine._private_step()\n", tmp_path, monkeypatch)
     assert private_names_used() == {"_private_step": "skyrl_glm/m.py:2"}
+
+
+def _library_roots(tree: ast.AST) -> set[str]:
+    """Names bound in a module to a third-party module or its members, and parameters typed ``types.ModuleType``
+    (a patch function handed the module it patches)."""
+    roots: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] not in sys.stdlib_module_names | {"skyrl_glm"}:
+                    roots.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in sys.stdlib_module_names | {"skyrl_glm"}:
+                roots.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            if ast.unparse(node.annotation) == "types.ModuleType":
+                roots.add(node.arg)
+    return roots
+
+
+def library_names_assigned() -> dict[str, str]:
+    """Attributes the package assigns on a library's module or class (``torch.cuda.set_device = ...``): name ->
+    first assignment."""
+    assigned: dict[str, str] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        roots = _library_roots(tree)
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                root = target
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(target, ast.Attribute) and isinstance(root, ast.Name) and root.id in roots:
+                    assigned.setdefault(target.attr, f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return assigned
+
+
+@pytest.mark.parametrize("scan", [private_names_used, library_names_assigned], ids=["used", "patched"])
+def test_every_private_name_used_and_library_name_patched_is_recorded(scan: Callable[[], dict[str, str]]) -> None:
+    recorded = {s.name for s in SEAMS}
+    unrecorded = {name: where for name, where in scan().items() if name not in recorded}
+    assert not unrecorded, f"{scan.__name__}: names without a record in skyrl_glm/seams.py: {unrecorded}"
+
+
+def test_the_scan_finds_a_patched_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The completeness check can fail: an imported module's attribute and a handed-in module's are both found.
+    source = (
+        "import types\nimport torch\n\n\ndef f(dist: types.ModuleType, local):\n"
+        "    torch.cuda.empty_cache = None\n    dist.barrier = None\n    local.field = 1\n"
+    )
+    _in_a_package(source, tmp_path, monkeypatch)
+    assert library_names_assigned() == {"empty_cache": "skyrl_glm/m.py:6", "barrier": "skyrl_glm/m.py:7"}
+
+
+def test_an_added_name_needs_its_owner() -> None:
+    gone = dataclasses.replace(_seam("pd_disaggregation"), owner="vllm_router.router_args:NoSuchArgs")
+    with pytest.raises(SeamMissing, match="no such class"):
+        locate(gone)

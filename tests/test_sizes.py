@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from skyrl_glm.lora.bridge import _layer_is_moe, synthetic_bridge_export
+from skyrl_glm.lora.bridge import layer_is_moe, synthetic_bridge_export
 from skyrl_glm.lora.sizes import GB, adapter_sizes, family_sizes, print_sizes_table
 from skyrl_glm.models import glm5
 
@@ -68,4 +68,4 @@ def test_a_multimodal_config_is_sized_by_its_text_model():
     export = list(synthetic_bridge_export(cfg, glm5_flash.FAMILY.lora, rank=32, targets=targets))
     text = cfg.get_text_config()
     assert s.public_tensors == len(export) > 0
-    assert s.by_kind["routed_expert"][0] == sum(_layer_is_moe(text)) * text.n_routed_experts * 6
+    assert s.by_kind["routed_expert"][0] == sum(layer_is_moe(text)) * text.n_routed_experts * 6

@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from shm_receive import receive_over_shm
 
 from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
 from skyrl_glm.lora.bridge import adapter_config
@@ -62,15 +63,6 @@ def test_full_size_rules_rebuild_every_public_name():
     for pub, sent in full.items():
         assert syn.names[pub] == syn.names[sent], pub
     assert len(m.to_json()) < 0.05 * len(json.dumps(m.alias_map()))
-
-
-def _receive(d: dict, p) -> None:
-    tx = SharedMemoryTransport()
-    handle = tx.prepare(p)
-    try:
-        AdapterReceiver().receive(json.dumps(d), handle, tx)
-    finally:
-        tx.release()
 
 
 def _expert_plan():
@@ -130,7 +122,7 @@ def test_malformed_or_ambiguous_rules_are_rejected(edit, reason):
     d = json.loads(p.manifest.to_json())
     edit(d["layout"])
     with pytest.raises(UpdateRejected, match=reason):
-        _receive(d, p)
+        receive_over_shm(p, json.dumps(d))
 
 
 def test_a_run_without_its_pair_or_with_another_rank_is_rejected():
@@ -139,8 +131,8 @@ def test_a_run_without_its_pair_or_with_another_rank_is_rejected():
     b_run = next(r for r in d["layout"]["alias_runs"] if ".lora_B." in r[3])
     b_run[2] = 5  # experts 5..7 keep lora_A only
     with pytest.raises(UpdateRejected, match="missing tensors"):
-        _receive(d, p)
+        receive_over_shm(p, json.dumps(d))
     d = json.loads(p.manifest.to_json())
     d["layout"]["adapter_config"] = {"r": 8, "lora_alpha": 8}
     with pytest.raises(UpdateRejected, match="rank r=8"):
-        _receive(d, p)
+        receive_over_shm(p, json.dumps(d))

@@ -15,6 +15,7 @@ import threading
 import pytest
 import torch
 import torch.multiprocessing as mp
+from shm_receive import receive_over_shm
 
 from skyrl_glm.sync.manifest import Manifest, ManifestError
 from skyrl_glm.sync.plan import build_plan
@@ -45,14 +46,8 @@ def raw(p) -> dict:
 
 
 def receive(manifest_json, handle=None, tx=None, p=None, receiver=None):
-    """Stage ``p`` (default a valid plan) on shared memory, then receive ``manifest_json`` against it."""
-    p = p or plan()
-    tx = tx or SharedMemoryTransport()
-    real = tx.prepare(p)
-    try:
-        return (receiver or AdapterReceiver()).receive(manifest_json, real if handle is None else handle, tx)
-    finally:
-        tx.release()
+    """``manifest_json`` received against ``p`` (default a valid plan) staged on shared memory."""
+    return receive_over_shm(p or plan(), manifest_json, handle=handle, receiver=receiver, tx=tx)
 
 
 # ------------------------------------------------------------------------------ 1, 7: strict manifest types

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from shm_receive import receive_over_shm
 
 from skyrl_glm.sync.dedup import deduplicate
 from skyrl_glm.sync.manifest import Manifest, ManifestError
@@ -90,20 +91,11 @@ def test_manifest_round_trips_as_json_and_buckets_cover_the_stream():
     assert all(e - s <= 1024 for s, e in ranges)
 
 
-def _receive(plan, receiver=None, manifest_json=None):
-    tx = SharedMemoryTransport()
-    handle = tx.prepare(plan)
-    try:
-        return (receiver or AdapterReceiver()).receive(manifest_json or plan.manifest.to_json(), handle, tx)
-    finally:
-        tx.release()
-
-
 @pytest.mark.parametrize("bucket_bytes", [256, 1 << 20])
 def test_receiver_rebuilds_every_public_name_bit_exactly(bucket_bytes):
     adapter = expert_adapter(copies=True)
     plan = build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=1, bucket_bytes=bucket_bytes)
-    got = _receive(plan).tensors
+    got = receive_over_shm(plan).tensors
     assert set(got) == set(adapter)
     for name, t in adapter.items():
         expected = t * 2 if ".lora_B." in name else t
@@ -132,19 +124,19 @@ def test_rejections_name_their_reason():
     }
     for reason, text in cases.items():
         with pytest.raises(UpdateRejected, match=reason):
-            _receive(plan, manifest_json=text)
+            receive_over_shm(plan, text)
 
 
 def test_rejects_nan_and_old_versions():
     adapter = expert_adapter()
     receiver = AdapterReceiver()
-    receiver.commit(_receive(build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=2)).version)
+    receiver.commit(receive_over_shm(build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=2)).version)
     with pytest.raises(UpdateRejected, match="not newer"):
-        _receive(build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=2), receiver)
+        receive_over_shm(build_plan(adapter, adapter_config=CONFIG, lora_name="p", version=2), receiver=receiver)
     bad = dict(adapter)
     bad["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"] = torch.full((16, 4), float("nan"))
     with pytest.raises(UpdateRejected, match="non-finite"):
-        _receive(build_plan(bad, adapter_config=CONFIG, lora_name="p", version=3), receiver)
+        receive_over_shm(build_plan(bad, adapter_config=CONFIG, lora_name="p", version=3), receiver=receiver)
 
 
 def test_sender_gone_or_short_segment_is_rejected():
@@ -154,9 +146,9 @@ def test_sender_gone_or_short_segment_is_rejected():
     tx.release()  # the sender died and its segment is gone
     with pytest.raises(UpdateRejected, match="transfer failed"):
         AdapterReceiver().receive(plan.manifest.to_json(), handle, tx)
-    bigger = _bad(plan, total_bytes=plan.manifest.total_bytes + 1 << 20)
+    bigger = _bad(plan, total_bytes=plan.manifest.total_bytes + (1 << 20))
     with pytest.raises(UpdateRejected, match="transfer failed"):
-        _receive(plan, manifest_json=bigger)
+        receive_over_shm(plan, bigger)
 
 
 def test_partial_transfer_is_caught_by_checksums():
@@ -184,7 +176,7 @@ def test_incomplete_or_rank_mismatched_adapters_are_rejected_before_any_transfer
     adapter = expert_adapter()
     no_b = {k: v for k, v in adapter.items() if "layers.1.self_attn.q_proj.lora_B" not in k}
     with pytest.raises(UpdateRejected, match="missing tensors: 1"):
-        _receive(build_plan(no_b, adapter_config=CONFIG, lora_name="p", version=1))
+        receive_over_shm(build_plan(no_b, adapter_config=CONFIG, lora_name="p", version=1))
     bad_rank = dict(adapter)
     bad_rank["base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"] = torch.zeros(16, 3)
     plan = build_plan(bad_rank, adapter_config=CONFIG, lora_name="p", version=1)

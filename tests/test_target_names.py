@@ -9,8 +9,9 @@ import pytest
 
 from skyrl_glm.lora.sizes import family_sizes
 from skyrl_glm.models import glm4, glm5
-from skyrl_glm.models.base import UnsupportedTargetError
-from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
+from skyrl_glm.models.base import SAMPLER_BACKENDS, LoraTarget, UnsupportedTargetError
+from skyrl_glm.models.vllm_targets import sampler_backend, vllm_engine_kwargs
+from skyrl_glm.usage import UsageError
 
 MLA = glm5.FAMILY.lora
 GQA = glm4.FAMILY.lora
@@ -44,6 +45,18 @@ def test_unknown_and_empty_names_are_errors():
         MLA.expand([""])
     with pytest.raises(UnsupportedTargetError, match="no LoRA targets"):
         MLA.resolve([])
+
+
+def test_a_misspelt_sampler_backend_is_refused_not_taken_as_one_that_applies_everything():
+    # Before: "vllm-gpu" matched no target's ``unsupported`` entry, so kv_b_proj (which vLLM drops) was allowed.
+    with pytest.raises(UsageError, match="unknown sampler backend 'vllm-gpu'"):
+        MLA.resolve(["kv_b_proj"], sampler="vllm-gpu")
+    with pytest.raises(UsageError, match="unknown sampler backend 'vlm'"):
+        MLA.resolve(sampler="vlm")
+    with pytest.raises(ValueError, match=r"unknown sampler backends \['vllm_cpu'\]"):
+        LoraTarget("self_attn.o_proj", None, "attention", unsupported={"vllm_cpu": "a typo"})
+    named = {sampler_backend(d) for d in ("cpu", "cuda")}
+    assert named <= set(SAMPLER_BACKENDS) and MLA.resolve(sampler="vllm")
 
 
 def test_the_sampler_policy_applies_to_expanded_names():

@@ -15,15 +15,16 @@ import pytest
 from skyrl_glm.lora.bridge import PEFT_PREFIX, bridge_export_specs
 from skyrl_glm.models import glm4, glm5
 from skyrl_glm.models.base import LoraTarget
-from skyrl_glm.sync.routing.plan import parse_name
+from skyrl_glm.sync.routing.plan import TargetRules, parse_name
 
 
 def _round_trip(family, config) -> int:
     """Every export name parses back to its own target, layer and expert, and that record rebuilds the name."""
     specs = bridge_export_specs(config, family.lora, rank=4, targets=[t.hf for t in family.lora.targets])
+    rules = TargetRules(family.lora)
     for s in specs:
         for name in (s.name, PEFT_PREFIX + s.name):
-            n = parse_name(name)
+            n = parse_name(name, rules)
             module = s.name.rsplit(".lora_", 1)[0]
             assert module in family.lora.target(n.target).module_names(n.layer, n.expert), (name, n)
     return len(specs)
@@ -102,14 +103,15 @@ import json, sys
 from skyrl_glm.lora.bridge import PEFT_PREFIX, bridge_export_specs
 from skyrl_glm.lora.sizes import family_sizes
 from skyrl_glm.plugins import registry
-from skyrl_glm.sync.routing.plan import ReceiverLayout, parse_name, placement
+from skyrl_glm.sync.routing.plan import ReceiverLayout, TargetRules, parse_name, placement
 
 fam = registry().model("acme-blocks")
 cfg = fam.config("tiny")
 specs = bridge_export_specs(cfg, fam.lora, rank=4, targets=fam.lora.resolve())
+rules = TargetRules(fam.lora)  # the third-party family's own records route its names
 back = []
 for s in specs:
-    n = parse_name(PEFT_PREFIX + s.name)
+    n = parse_name(PEFT_PREFIX + s.name, rules)
     rebuilt = {m + ".lora_" + n.ab + ".weight" for m in fam.lora.target(n.target).module_names(n.layer, n.expert)}
     back.append(s.name in rebuilt)
 tp = ReceiverLayout(2, num_kv_heads=cfg.num_key_value_heads)
@@ -119,8 +121,8 @@ sizes = family_sizes(fam, full=False, rank=4)
 json.dump({
     "names": [s.name for s in specs],
     "round_trip": back,
-    "tp_ranks": [sorted(placement(s.name, s.shape, tp)) for s in specs],
-    "ep_owner": [sorted(placement(s.name, s.shape, ep)) for s in routed],
+    "tp_ranks": [sorted(placement(s.name, s.shape, tp, rules)) for s in specs],
+    "ep_owner": [sorted(placement(s.name, s.shape, ep, rules)) for s in routed],
     "sizes": [sizes.public_tensors, sizes.unique_tensors],
 }, sys.stdout)
 """

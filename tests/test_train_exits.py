@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_glm.exit_codes import RUN_FAILED, root_cause, run_failed
+from skyrl_glm.usage import RUN_FAILED, root_cause, run_failed
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/tiny_cpu_grpo.yaml"

@@ -96,6 +96,26 @@ def test_summary_sentence_stops_at_a_blank_or_indented_comment(tmp_path: Path) -
     assert summary_sentence(recipe) == "Runs like this:"
 
 
+SKIPPED_PATCH_NOTE = """
+import sys
+from skyrl_glm import quiet
+quiet.configure(sys.argv[1] == "-v")
+import skyrl.utils.log  # SkyRL's handler on its "skyrl" logger, set up as SkyRL's modules import
+from skyrl.backends.skyrl_train.patches.vllm import patch_glm5next_lora_packing as patch
+patch.logger.info("Skipping GLM-5.3-Flash LoRA packing patch: No module named 'torchvision'")
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_skyrl_notes_on_skipped_patches_show_with_v_only(verbose: bool) -> None:
+    # The note the real patch logs when it skips (on the logger it uses), in a fresh interpreter: without -v
+    # every ``train`` opened with it (three wrapped lines).
+    argv = [sys.executable, "-c", SKIPPED_PATCH_NOTE, "-v" if verbose else "-q"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
+    shown = " ".join((out.stdout + out.stderr).split())  # SkyRL's rich handler wraps it at 80 columns
+    assert ("Skipping GLM-5.3-Flash LoRA packing patch" in shown) is verbose, shown
+
+
 def test_dry_run_is_short_and_the_full_config_is_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "glm53_dapo_math", "--dry-run"]) == 0
     short = capsys.readouterr().out

@@ -15,7 +15,8 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def _summarise(path: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(path: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One path's JSON record: stage medians over its rounds, sizes and verification from the last one."""
     stages = {st: _median([r["stages"][st] for r in runs]) for st in STAGES}
     last = runs[-1]
     return {

@@ -10,13 +10,14 @@ the seed; every rank reports what it counted on the wire.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +25,9 @@ from skyrl_glm.bench.procs import StoreChannel, free_port
 from skyrl_glm.bench.verify import compare_exact
 from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.manifest import DTYPES
+
+if TYPE_CHECKING:
+    from skyrl_glm.sync.routing.plan import TargetRules
 
 ROUTED_FAMILY = "glm-5.3"  # whose target records name and shape the routed adapter
 
@@ -93,10 +97,19 @@ def routing_config(experts: int = 16):
     return cfg
 
 
+@functools.cache
+def routed_rules() -> TargetRules:
+    """The routing rules of the family whose adapter is routed: its target records, handed to the routing plan."""
+    from skyrl_glm.plugins import registry
+    from skyrl_glm.sync.routing.plan import TargetRules
+
+    return TargetRules(registry().model(ROUTED_FAMILY).lora)
+
+
 def _expert_of(name: str) -> int | None:
     from skyrl_glm.sync.routing.plan import parse_name
 
-    return parse_name(name).expert
+    return parse_name(name, routed_rules()).expert
 
 
 def ep_sharded_exports(opts: RoutingRunOptions, only: int | None = None) -> list[list[tuple[str, torch.Tensor]]]:
@@ -206,7 +219,7 @@ def _receive(receiver: int, opts: RoutingRunOptions, plan: Any, transport: Any, 
     got = AdapterReceiver("cpu").receive(manifest.to_json(), handle, transport)
     full = full_reference(opts)
     return {
-        **compare_exact(got.tensors, expected_slices(full, plan.layout, receiver)),
+        **compare_exact(got.tensors, expected_slices(full, plan.layout, receiver, routed_rules())),
         "staged_bytes": manifest.total_bytes,
         "sent_tensors": len(manifest.tensors),
         "aliases": len(manifest.aliases),
@@ -236,7 +249,7 @@ def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
             sp, owned = _plan_owned(rank, opts, chan)
             report.update(owned)
         manifests = [Manifest.from_json(chan.get(f"manifest/{s}")) for s in range(S)]
-        plan = plan_routes(manifests, layout(opts), bucket_bytes=opts.bucket_bytes)
+        plan = plan_routes(manifests, layout(opts), routed_rules(), bucket_bytes=opts.bucket_bytes)
         t_plan = time.perf_counter()
         transport = RoutedTransport(make_groups(plan, lambda s: s, lambda r: S + r), lambda s: s)
         t1 = time.perf_counter()

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.bench.procs import LocalChannel, StoreChannel, free_port
-from skyrl_glm.bench.report import PATH_LABELS, _summarise
+from skyrl_glm.bench.report import PATH_LABELS, summarise
 from skyrl_glm.bench.sides import Receiver, Sender, make_transport
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, synthetic_adapter
 from skyrl_glm.plugins import registry
@@ -214,7 +214,7 @@ def run_sync_bench(opts: BenchOptions) -> dict[str, Any]:
         runs, disk = res["runs"], res["disk"]
     unique_bytes = sum(t.numel() * t.element_size() for t in syn.unique.values())
     public_bytes = sum(syn.unique[k].numel() * syn.unique[k].element_size() for k in syn.names.values())
-    paths = {p: _summarise(p, runs[p]) for p in ("skyrl", "ours")}
+    paths = {p: summarise(p, runs[p]) for p in ("skyrl", "ours")}
     if disk is not None:
         paths["disk"] = {
             "label": PATH_LABELS["disk"],

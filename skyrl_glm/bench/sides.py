@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, _is_b, fold_value
+from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, fold_value, is_lora_b
 from skyrl_glm.bench.verify import verify_rebuilt
 from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.plan import synchronize
@@ -246,7 +246,8 @@ class Receiver:
         self.verify_first_s: float | None = None
         scale = opts.alpha / opts.rank
         self.expected = {
-            k: fold_value(v.to(self.device), scale) if _is_b(k) else v.to(self.device) for k, v in syn.unique.items()
+            k: fold_value(v.to(self.device), scale) if is_lora_b(k) else v.to(self.device)
+            for k, v in syn.unique.items()
         }
 
     def receive(self, path: str, manifest_json: str, handle_json: str) -> dict[str, Any]:

@@ -60,13 +60,13 @@ class BenchOptions:
 
 def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]:
     """The registered family and its tiny or full HF (text) config, cut to ``layers`` MoE layers when asked."""
-    from skyrl_glm.lora.bridge import _layer_is_moe, text_config
+    from skyrl_glm.lora.bridge import layer_is_moe, text_config
     from skyrl_glm.plugins import registry
 
     family = registry().model(model)
     cfg = text_config(family.config(config))
     if layers is not None:
-        moe_idx = [i for i, m in enumerate(_layer_is_moe(cfg)) if m]
+        moe_idx = [i for i, m in enumerate(layer_is_moe(cfg)) if m]
         if not 0 < layers <= len(moe_idx):
             raise SystemExit(f"--layers must be in 1..{len(moe_idx)} for this config")
         keep = moe_idx[layers - 1] + 1
@@ -100,7 +100,8 @@ def synthetic_adapter(opts: BenchOptions) -> Synthetic:
     return Synthetic(names, unique, targets, int(getattr(cfg, "n_routed_experts", 0) or 0))
 
 
-def _is_b(key: str) -> bool:
+def is_lora_b(key: str) -> bool:
+    """A LoRA B tensor (the alpha fold scales it), by its public or sent name."""
     return key.endswith(".B") or key.endswith(".lora_B.weight")
 
 

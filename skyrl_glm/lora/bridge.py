@@ -73,7 +73,8 @@ def text_config(config: Any) -> Any:
     return config if get is None else get()
 
 
-def _layer_is_moe(config: Any) -> list[bool]:
+def layer_is_moe(config: Any) -> list[bool]:
+    """Per decoder layer of ``config``: whether it is a MoE layer (routed experts) or a dense one."""
     config = text_config(config)
     types = getattr(config, "mlp_layer_types", None)
     if types:
@@ -97,7 +98,7 @@ def bridge_export_specs(
         raise ValueError(f"targets {unknown} are not LoRA-able linears of this config")
     specs: list[TensorSpec] = []
     n_exp = getattr(config, "n_routed_experts", 0) or 0
-    for layer, is_moe in enumerate(_layer_is_moe(config)):
+    for layer, is_moe in enumerate(layer_is_moe(config)):
         for t in chosen:
             if t.kind == "dense_mlp" and is_moe or t.kind in ("shared_expert", "routed_expert") and not is_moe:
                 continue

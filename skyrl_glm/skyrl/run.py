@@ -3,7 +3,7 @@
 
 RECIPE is a YAML file or a packaged recipe name (``skyrl_glm/recipes``); ``key=value`` overrides any key of
 SkyRL's config or of the ``skyrl_glm`` section. A model path ``tiny:<family>`` is a tiny random-weight checkpoint
-of a registered model family, made locally (deterministic, cached). Exit codes (:mod:`skyrl_glm.exit_codes`):
+of a registered model family, made locally (deterministic, cached). Exit codes (:mod:`skyrl_glm.usage`):
 0 trained, 1 the handoff check failed (its report is printed), 2 the run cannot start as given (one line on
 stderr: a bad recipe or override, missing data, GPUs Ray does not have), 3 the run failed after it started (one
 line naming the error and the log).
@@ -189,7 +189,7 @@ def closing_lines(cfg: Any, summary: RunSummary, summary_file: Path, log_file: P
 
 
 def run(cfg: Any, verbose: bool = False) -> int:
-    """Run one training; an exit code of :mod:`skyrl_glm.exit_codes` (0 finished, 1 stopped by the handoff check,
+    """Run one training; an exit code of :mod:`skyrl_glm.usage` (0 finished, 1 stopped by the handoff check,
     2 Ray lacks the GPUs the layout needs, 3 failed on the way). Everything the run prints goes to a log file; the
     terminal gets progress lines (everything with ``verbose``) and where the outputs are."""
     from skyrl_glm.skyrl.ports import run_env
@@ -204,8 +204,8 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
 
     import ray
 
-    from skyrl_glm import exit_codes
-    from skyrl_glm.skyrl.check import HandoffCheckFailed
+    from skyrl_glm import usage
+    from skyrl_glm.skyrl.check_live import HandoffCheckFailed
     from skyrl_glm.skyrl.hardware import ray_shortfall
     from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER, RunLog
 
@@ -240,14 +240,14 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
                 ends = (t1 - t0, t2 - t1, time.perf_counter() - t2)
                 log.info("Ray start %.1f s, experiment %.1f s, Ray shutdown %.1f s", *ends)
     except Exception as e:  # noqa: BLE001 - one line and the log's path; the traceback is in the log
-        return exit_codes.run_failed("skyrl-glm train", e, str(log_file))
+        return usage.run_failed("skyrl-glm train", e, str(log_file))
     if shortfall is not None:
         print(f"skyrl-glm train: {shortfall}", file=sys.stderr)
-        return exit_codes.USAGE
+        return usage.USAGE
     if stopped is not None or summary_file is None:
         print(f"skyrl-glm train: stopped by the handoff check:\n{stopped}", file=sys.stderr)
         print(f"full log: {log_file}", file=sys.stderr)
-        return exit_codes.CHECK_FAILED
+        return usage.CHECK_FAILED
     for line in closing_lines(cfg, summary, summary_file, log_file, time.perf_counter() - t0):
         print(line)
     return 0

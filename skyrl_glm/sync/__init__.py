@@ -15,7 +15,7 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
     checksum.py      checksums + NaN/inf per tensor, dedup's fingerprints (one Triton kernel on CUDA, numpy elsewhere)
     compare.py       byte equality of many tensor pairs in one launch (the sender's dedup proofs)
     nogc.py          the cyclic GC paused around one planning or receiving step
-    update.py        UpdateResult and the Sampler protocol: what a publisher drives, engine independent
+    update.py        UpdateResult, the Sampler and AsyncSampler protocols: what a publisher drives, engine-free
     transports/      the Transport contract and the named transports (shm, nccl, cuda_ipc)
     sampler side
     receiver.py      AdapterReceiver: validate, stage, verify, rebuild public names (torch only)

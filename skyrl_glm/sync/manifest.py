@@ -316,12 +316,6 @@ class Manifest:
             ranges.append((start, end))
         return ranges
 
-    def receive_target(self) -> dict[str, Any]:
-        """SkyRL 0.4's LoRA receive target (``weight_sync/lora_target.py``) for the same update."""
-        from skyrl.backends.skyrl_train.weight_sync.lora_target import build_lora_receive_target
-
-        return build_lora_receive_target(self.lora_name, self.adapter_config, self.alias_map())
-
     def to_json(self) -> str:
         layout = {
             "lora_name": self.lora_name,

@@ -2,10 +2,9 @@
 
 ``InMemoryPublisher`` is the product path and the one publisher of the package: plan (deduplicate, fold, checksum,
 packed straight into the transport's staging memory) -> stage -> the sampler receives while the transport
-streams -> it loads -> it commits. ``publish`` drives an offline sampler
-(:class:`~skyrl_glm.sync.vllm.engine.VllmEngineSampler`), ``publish_async`` an async one: vLLM's ``AsyncLLM``
-(:class:`~skyrl_glm.sync.vllm.async_engine.AsyncVllmEngineSampler`) or SkyRL's servers
-(:class:`~skyrl_glm.skyrl.publish.SkyRLServers`, inside SkyRL's training loop), through the same steps.
+streams -> it loads -> it commits. ``publish`` drives a :class:`~skyrl_glm.sync.update.Sampler` (an offline
+engine), ``publish_async`` an :class:`~skyrl_glm.sync.update.AsyncSampler` (vLLM's ``AsyncLLM``, or SkyRL's servers
+inside SkyRL's training loop), through the same steps; which engine is behind them is the sampler's business.
 ``DiskPublisher`` is the baseline it is measured against: a PEFT directory written and loaded by vLLM
 the standard way. Both take the trainer's adapter as ``{public name: tensor}`` (or a stream of pairs) plus its
 PEFT config.
@@ -20,24 +19,21 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from safetensors.torch import save_file
 
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
-from skyrl_glm.sync.update import Adapter, Sampler, UpdateResult
+from skyrl_glm.sync.update import Adapter, AsyncSampler, Sampler, UpdateResult
 
-if TYPE_CHECKING:
-    from skyrl_glm.skyrl.publish import SkyRLServers
-    from skyrl_glm.sync.vllm.async_engine import AsyncVllmEngineSampler
 
 class InMemoryPublisher:
     """Deduplicated, checksummed, in-memory handoff through any registered transport."""
 
     def __init__(
         self,
-        sampler: Sampler | AsyncVllmEngineSampler | SkyRLServers,
+        sampler: Sampler | AsyncSampler,
         transport: Transport,
         lora_name: str = "policy",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,

@@ -41,6 +41,17 @@ class Sampler(Protocol):
         ...
 
 
+class AsyncSampler(Protocol):
+    """A sampler updated from an event loop (vLLM's ``AsyncLLM``; SkyRL's servers inside its training loop):
+    :meth:`~skyrl_glm.sync.publisher.InMemoryPublisher.publish_async` awaits its update while the transport
+    streams."""
+
+    async def apply_update(self, manifest_json: str, handle: dict[str, Any], transport: str) -> UpdateResult:
+        """Receive, verify and swap in one in-memory update on every engine behind it; never raises for a bad
+        update."""
+        ...
+
+
 class Publisher(Protocol):
     """Hands one adapter version from the trainer to the sampler
     (:class:`~skyrl_glm.sync.publisher.InMemoryPublisher`, :class:`~skyrl_glm.sync.publisher.DiskPublisher`)."""
@@ -65,4 +76,3 @@ def describe_error(error: BaseException) -> str:
         parts.append(text)
         e = e.__cause__ or e.__context__
     return " <- ".join(parts)
-

@@ -21,60 +21,49 @@ engine with tensor parallelism (each TP worker holds a slice of most LoRA tensor
 
 Sharding rules (which slice of a LoRA tensor a vLLM TP rank holds) are each target's ``tp_style`` on its record
 (:class:`~skyrl_glm.models.base.LoraTarget`, read from vLLM 0.32's LoRA layers and the GLM/DeepSeek model files;
-see docs/sync.md, "Multi-rank routing"). Everything here is pure (no torch.distributed, no tensors): every rank
-computes the same plan from the same JSON inputs.
+see docs/sync.md, "Multi-rank routing"), handed in as the family's :class:`TargetRules`. Everything here is pure
+(no torch.distributed, no tensors): every rank computes the same plan from the same JSON inputs.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from skyrl_glm.models.base import COLUMN, EXPERT_COLUMN, QKV_KV, REPLICATED, ROW
+from skyrl_glm.models.base import COLUMN, EXPERT_COLUMN, QKV_KV, REPLICATED, ROW, LoraPolicy
 from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, pack_entries
 
 
-@functools.cache
-@functools.cache
-def target_styles() -> Mapping[str, str]:
-    """``{HF target: vLLM TP style}`` from the target records of every registered model family (read once, as the
-    registry is)."""
-    from skyrl_glm.plugins import registry
+class TargetRules:
+    """What routing reads from a model family's target records (:class:`~skyrl_glm.models.base.LoraTarget`): each
+    target's vLLM TP style and the module patterns its tensor names are exported under. Built once from the
+    family's policy by whoever routes (``TargetRules(family.lora)``) and handed in, so one family's module names
+    never route another's."""
 
-    styles: dict[str, str] = {}
-    for family in registry().models.values():
-        for t in family.lora.targets:
-            if t.tp_style is None:
-                continue
-            if styles.setdefault(t.hf, t.tp_style) != t.tp_style:
-                raise RoutingError(f"model families disagree on the TP style of {t.hf!r}")
-    return MappingProxyType(styles)
+    def __init__(self, *policies: LoraPolicy) -> None:
+        styles: dict[str, str] = {}
+        target_of: dict[str, str] = {}
+        by_leaf: dict[str, list[tuple[re.Pattern[str], str]]] = {}
+        for policy in policies:
+            for t in policy.targets:
+                if t.tp_style is not None and styles.setdefault(t.hf, t.tp_style) != t.tp_style:
+                    raise RoutingError(f"the policies disagree on the TP style of {t.hf!r}")
+                for pattern, rx in zip(t.modules, t.module_regexes(), strict=True):
+                    known = target_of.setdefault(pattern, t.hf)
+                    if known != t.hf:
+                        raise RoutingError(f"the policies name module {pattern!r} both {known!r} and {t.hf!r}")
+                    same_leaf = by_leaf.setdefault(pattern.rsplit(".", 1)[-1], [])
+                    if (rx, t.hf) not in same_leaf:
+                        same_leaf.append((rx, t.hf))
+        self.styles: Mapping[str, str] = MappingProxyType(styles)  # {HF target: vLLM TP style}
+        # {last name component: [(module regex, HF target)]}
+        self.by_leaf: Mapping[str, list[tuple[re.Pattern[str], str]]] = MappingProxyType(by_leaf)
 
 
 _LORA = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
-
-
-@functools.cache
-def _module_patterns() -> dict[str, list[tuple[re.Pattern[str], str]]]:
-    """``{last name component: [(module regex, HF target)]}`` from every registered family's target records."""
-    from skyrl_glm.plugins import registry
-
-    target_of: dict[str, str] = {}
-    by_leaf: dict[str, list[tuple[re.Pattern[str], str]]] = {}
-    for family in registry().models.values():
-        for t in family.lora.targets:
-            for pattern, rx in zip(t.modules, t.module_regexes(), strict=True):
-                known = target_of.setdefault(pattern, t.hf)
-                if known != t.hf:
-                    raise RoutingError(f"model families name module {pattern!r} both {known!r} and {t.hf!r}")
-                same_leaf = by_leaf.setdefault(pattern.rsplit(".", 1)[-1], [])
-                if (rx, t.hf) not in same_leaf:
-                    same_leaf.append((rx, t.hf))
-    return by_leaf
 
 
 class RoutingError(ValueError):
@@ -83,7 +72,7 @@ class RoutingError(ValueError):
 
 @dataclass(frozen=True)
 class LoraName:
-    """A per-module LoRA tensor name resolved to its target: ``target`` is a key of :func:`target_styles`."""
+    """A per-module LoRA tensor name resolved to its target: ``target`` is a key of :attr:`TargetRules.styles`."""
 
     target: str
     ab: str  # "A" | "B"
@@ -91,15 +80,15 @@ class LoraName:
     expert: int | None = None
 
 
-def parse_name(name: str) -> LoraName:
+def parse_name(name: str, rules: TargetRules) -> LoraName:
     """Resolve a public name (Megatron-Bridge export / vLLM per-expert names, with or without the PEFT prefix)
-    by the module patterns of the registered target records."""
+    by the module patterns of the family's target records."""
     m = _LORA.match(name)
     if m is None:
         raise RoutingError(f"{name!r} is not a per-module LoRA tensor name (...layers.N.<module>.lora_[AB].weight)")
     module = m["module"]
-    styles = target_styles()
-    for rx, target in _module_patterns().get(module.rsplit(".", 1)[-1], []):
+    styles = rules.styles
+    for rx, target in rules.by_leaf.get(module.rsplit(".", 1)[-1], []):
         if (found := rx.fullmatch(module)) is not None and target in styles:
             expert = found.groupdict().get("expert")
             return LoraName(target, m["ab"], int(found["layer"]), None if expert is None else int(expert))
@@ -214,10 +203,10 @@ def expert_owner(expert: int, num_experts: int, ep_size: int) -> int:
     return expert // (num_experts // ep_size)
 
 
-def placement(name: str, shape: Sequence[int], layout: ReceiverLayout) -> Placement:
+def placement(name: str, shape: Sequence[int], layout: ReceiverLayout, rules: TargetRules) -> Placement:
     """Which receiver ranks hold public tensor ``name`` (of full ``shape``) and which slice each holds."""
-    n = parse_name(name)
-    style, tp = target_styles()[n.target], layout.tp_size
+    n = parse_name(name, rules)
+    style, tp = rules.styles[n.target], layout.tp_size
     if style == REPLICATED:
         return replicated(n.ab, shape, tp)
     if style == COLUMN:
@@ -390,7 +379,11 @@ def _route_manifest(pieces: Sequence[Piece], plan_meta: Manifest, bucket_bytes: 
 
 
 def plan_routes(
-    sender_manifests: Sequence[Manifest], layout: ReceiverLayout, *, bucket_bytes: int | None = None
+    sender_manifests: Sequence[Manifest],
+    layout: ReceiverLayout,
+    rules: TargetRules,
+    *,
+    bucket_bytes: int | None = None,
 ) -> RoutingPlan:
     """Route every public name of every sender manifest to the receiver ranks that hold it (see module doc).
     Sender manifests must agree on version, lora_name and adapter_config, and no public name may come from two
@@ -414,7 +407,7 @@ def plan_routes(
                 raise RoutingError(f"{public!r} is sent by sender {owner[public]} and sender {s}: assign owners first")
             owner[public] = s
             i, entry = entries[alias_map.get(public, public)]
-            for r, sl in placement(public, entry.shape, layout).items():
+            for r, sl in placement(public, entry.shape, layout, rules).items():
                 shape = entry.shape if sl is None else sl.shape(entry.shape)
                 piece = Piece(s, entry.name, sl, entry.dtype, shape)
                 receivers_of.setdefault(piece, set()).add(r)
@@ -440,12 +433,14 @@ def plan_routes(
     )
 
 
-def expected_slices(full: Mapping[str, Any], layout: ReceiverLayout, receiver: int) -> dict[str, Any]:
+def expected_slices(
+    full: Mapping[str, Any], layout: ReceiverLayout, receiver: int, rules: TargetRules
+) -> dict[str, Any]:
     """Reference: ``{public name: its slice}`` that ``receiver`` must hold, cut from the full (folded) adapter
     ``{public name: tensor}``. Works on anything with ``.shape`` and ``narrow`` (torch tensors)."""
     out = {}
     for name, t in full.items():
-        place = placement(name, tuple(t.shape), layout)
+        place = placement(name, tuple(t.shape), layout, rules)
         if receiver in place:
             sl = place[receiver]
             out[name] = t if sl is None else t.narrow(sl.dim, sl.start, sl.stop - sl.start)

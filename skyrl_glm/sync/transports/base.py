@@ -27,8 +27,9 @@ class TransportError(RuntimeError):
 class Transport(ABC):
     name: ClassVar[str]
     needs_group: ClassVar[bool] = False
-    needs_cuda: ClassVar[bool] = False  # it moves CUDA memory: the adapter must be on a GPU
     """A collective transport: built with ``(group, src)``, a process group spanning the sender and every receiver."""
+    needs_cuda: ClassVar[bool] = False
+    """It moves CUDA memory: the adapter must be on a GPU."""
 
     def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
         """A zeroed ``uint8[nbytes]`` buffer the plan packs its stream into (``build_plan(staging=...)``): a transport

@@ -74,7 +74,7 @@ class CollectiveTransport(Transport):
         header = torch.empty(2, dtype=torch.int64, device=self._device())
         try:
             self._broadcast(header)
-        except (RuntimeError, dist.DistBackendError) as e:
+        except RuntimeError as e:  # DistBackendError included
             raise TransportError(f"no header from rank {self.src}: {e}") from e
         self._header = header.tolist()
         return self._header[0]
@@ -84,8 +84,8 @@ class CollectiveTransport(Transport):
             if self._header is None:
                 self.incoming_bytes(None, handle)  # type: ignore[arg-type]  # consume the sender's header
             self._agree(False, self._device())
-        except (TransportError, RuntimeError, dist.DistBackendError):
-            pass  # the sender is gone: nobody is waiting
+        except RuntimeError:  # TransportError and DistBackendError included: the sender is gone, nobody is waiting
+            pass
         self._header = None
 
     def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
@@ -106,5 +106,5 @@ class CollectiveTransport(Transport):
                 self._broadcast(out[start:end])
             if out.is_cuda:  # NCCL runs on its own stream: the stream is in ``out`` only once this returns
                 torch.cuda.current_stream(out.device).synchronize()
-        except (RuntimeError, dist.DistBackendError) as e:
+        except RuntimeError as e:  # DistBackendError included
             raise TransportError(f"broadcast from rank {self.src} failed: {e}") from e
