@@ -61,12 +61,13 @@ class SkyRLGlmWorkerExtension(NewInferenceWorkerWrap, LoraSyncWorkerExtension):
     def skyrl_set_lora_receive_target(self, *args: Any, **kwargs: Any) -> None:
         raise ControlRefused("skyrl_set_lora_receive_target: skyrl-glm's receiver brings the adapter (skyrl_glm_*)")
 
-    def skyrl_discard_in_memory_lora(self, lora_name: Any = None, *args: Any, **kwargs: Any) -> bool:
+    def skyrl_discard_in_memory_lora(self, *args: Any, **kwargs: Any) -> bool:
         """SkyRL's discard (its client's unload calls it with the adapter's plain name), except for the names
         skyrl-glm staged: those go only through ``skyrl_glm_commit`` / ``skyrl_glm_discard``."""
-        if args or set(kwargs) - {"lora_name"} or (lora_name is None) == ("lora_name" not in kwargs):
+        given = [*args, *kwargs.values()]
+        if len(given) != 1 or set(kwargs) - {"lora_name"}:
             raise ControlRefused("skyrl_discard_in_memory_lora: takes one lora_name")
-        name = kwargs.get("lora_name", lora_name)
+        name = given[0]
         if not isinstance(name, str) or name in receiver_state(self).staged:
             raise ControlRefused(f"skyrl_discard_in_memory_lora: {name!r:.80} is skyrl-glm's to drop")
         return super().skyrl_discard_in_memory_lora(name)
