@@ -134,7 +134,8 @@ def test_impossible_combinations_are_config_errors(overrides: list[str], what: s
         load_config("tiny_cpu_grpo", overrides)
 
 
-def test_auto_transport_resolution() -> None:
+def test_auto_transport_resolution(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("SKYRL_GLM_CONTROL_KEY_DIR", str(tmp_path))  # two nodes need the key on shared storage
     base = ["trainer.policy.model.lora.rank=8", "skyrl_glm.sync.mode=disk"]
     assert resolved_transport(load_config("tiny_cpu_grpo")) == "cpu"
     assert resolved_transport(load_config(None, base)) == "ipc"  # SkyRL colocates by default

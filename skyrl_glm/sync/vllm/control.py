@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 KEY_ENV = "SKYRL_GLM_CONTROL_KEY_FILE"
+KEY_DIR_ENV = "SKYRL_GLM_CONTROL_KEY_DIR"  # where a run's key directory is made (default: the temp dir)
 KEY_BYTES = 32
 KEY_CHARS = 2 * KEY_BYTES
 _HEX = re.compile(rb"[0-9a-f]+")
@@ -64,8 +65,9 @@ _KEY: bytes | None = None
 
 
 def _make_key_file() -> str:
-    """A fresh key in a new private directory, removed when this process exits."""
-    directory = tempfile.mkdtemp(prefix="skyrl-glm-key-")  # mode 0700
+    """A fresh key in a new private directory (under ``$SKYRL_GLM_CONTROL_KEY_DIR`` when set: storage every node of
+    a multi-node run reads), removed when this process exits."""
+    directory = tempfile.mkdtemp(prefix="skyrl-glm-key-", dir=os.environ.get(KEY_DIR_ENV) or None)  # mode 0700
     atexit.register(shutil.rmtree, directory, True)
     path = os.path.join(directory, "control.key")
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
