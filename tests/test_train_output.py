@@ -96,7 +96,10 @@ def test_summary_sentence_stops_at_a_blank_or_indented_comment(tmp_path: Path) -
     assert summary_sentence(recipe) == "Runs like this:"
 
 
-def test_dry_run_is_short_and_the_full_config_is_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_is_short_and_the_full_config_is_asked_for(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SKYRL_GLM_CONTROL_KEY_DIR", str(tmp_path))  # four nodes: the key on storage all mount
     assert main(["train", "glm53_dapo_math", "--dry-run"]) == 0
     short = capsys.readouterr().out
     assert len(short.splitlines()) <= 20, short

@@ -35,7 +35,6 @@ from skyrl_glm.check.algorithm import MAX_SCALE, MAX_TOLERANCE, CheckConfig
 from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
-from skyrl_glm.skyrl.key_placement import key_problem
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.skyrl.value_ranges import range_problem
@@ -247,7 +246,7 @@ def validate(cfg: Any) -> None:
     from skyrl.train.utils import validate_cfg
 
     check_consistency(cfg)
-    if problem := range_problem(cfg) or key_problem(cfg):  # SkyRL values it takes at any value; the key's reach
+    if problem := range_problem(cfg):  # SkyRL values it takes at any value (counts, sampling, engine arguments)
         raise ConfigError(problem)
     if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer
         raise ConfigError(found[0])

@@ -2,8 +2,9 @@
 
 The run's key file is made on the node that starts the run and read by every vLLM worker on its own host
 (:mod:`skyrl_glm.sync.vllm.control`), so a run whose trainer or samplers span more than one node refuses every
-sync on the other nodes unless the key's directory is shared. The validation pass says so before anything
-starts: such a run must name a directory every node mounts (a shared home) in ``SKYRL_GLM_CONTROL_KEY_DIR``.
+sync on the other nodes unless the key's directory is shared. ``recipes validate``, ``train --dry-run`` and
+``train`` say so before anything starts: such a run must name a directory every node mounts (a shared home) in
+``SKYRL_GLM_CONTROL_KEY_DIR``, where the run's key directory is then made.
 """
 
 from __future__ import annotations
