@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from skyrl_glm.skyrl import cpu
+from skyrl_glm.skyrl import bert_padding, cpu
 from skyrl_glm.skyrl.config import (
     ConfigError,
     SkyRLGlmConfig,
@@ -134,8 +134,7 @@ def test_impossible_combinations_are_config_errors(overrides: list[str], what: s
         load_config("tiny_cpu_grpo", overrides)
 
 
-def test_auto_transport_resolution(monkeypatch, tmp_path) -> None:
-    monkeypatch.setenv("SKYRL_GLM_CONTROL_KEY_DIR", str(tmp_path))  # two nodes need the key on shared storage
+def test_auto_transport_resolution() -> None:
     base = ["trainer.policy.model.lora.rank=8", "skyrl_glm.sync.mode=disk"]
     assert resolved_transport(load_config("tiny_cpu_grpo")) == "cpu"
     assert resolved_transport(load_config(None, base)) == "ipc"  # SkyRL colocates by default
@@ -172,10 +171,10 @@ def test_train_parser_builds_without_the_training_stack() -> None:
 def test_bert_padding_round_trip_matches_masking() -> None:
     hidden = torch.randn(3, 5, 4)
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
-    flat, indices, cu_seqlens, max_len, used = cpu.unpad_input(hidden, mask)
+    flat, indices, cu_seqlens, max_len, used = bert_padding.unpad_input(hidden, mask)
     assert flat.shape == (9, 4) and cu_seqlens.tolist() == [0, 3, 8, 9] and max_len == 5 and used.tolist() == [3, 5, 1]
     torch.testing.assert_close(flat, hidden[mask.bool()])
-    back = cpu.pad_input(flat, indices, 3, 5)
+    back = bert_padding.pad_input(flat, indices, 3, 5)
     torch.testing.assert_close(back, hidden * mask.unsqueeze(-1))
 
 
