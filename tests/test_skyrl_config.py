@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from skyrl_glm.skyrl import bert_padding, cpu
+from skyrl_glm.skyrl import cpu
 from skyrl_glm.skyrl.config import (
     ConfigError,
     SkyRLGlmConfig,
@@ -171,10 +171,10 @@ def test_train_parser_builds_without_the_training_stack() -> None:
 def test_bert_padding_round_trip_matches_masking() -> None:
     hidden = torch.randn(3, 5, 4)
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
-    flat, indices, cu_seqlens, max_len, used = bert_padding.unpad_input(hidden, mask)
+    flat, indices, cu_seqlens, max_len, used = cpu.unpad_input(hidden, mask)
     assert flat.shape == (9, 4) and cu_seqlens.tolist() == [0, 3, 8, 9] and max_len == 5 and used.tolist() == [3, 5, 1]
     torch.testing.assert_close(flat, hidden[mask.bool()])
-    back = bert_padding.pad_input(flat, indices, 3, 5)
+    back = cpu.pad_input(flat, indices, 3, 5)
     torch.testing.assert_close(back, hidden * mask.unsqueeze(-1))
 
 
