@@ -67,10 +67,11 @@ def positive_int(option: str, value: int) -> int:
     return value
 
 
-def tolerance(option: str, value: float) -> float:
-    """A comparison bound: finite and >= 0 (a NaN bound would make every comparison with it false)."""
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"{option} must be a finite number >= 0, got {value}")
+def tolerance(option: str, value: float, high: float = math.inf) -> float:
+    """A comparison bound: finite and in ``0..high`` (a NaN bound would make every comparison with it false, a
+    huge one every comparison true)."""
+    if not math.isfinite(value) or not 0 <= value <= high:
+        raise UsageError(f"{option} must be a number in 0..{high:g}, got {value}")
     return value
 
 

@@ -5,6 +5,8 @@
   MoE-LoRA backend, which fails on CPU; routed experts then carry no LoRA, so the target list must
   exclude them (the model policies do, for sampler ``vllm-cpu``).
 * Registers the dense-MLA GLM-5.3 class for CPU serving (see :mod:`skyrl_glm.models.glm5_vllm_cpu`).
+* Puts the run key on the API server's control routes (``/collective_rpc``, the other dev-mode routes, LoRA
+  loading, SkyRL's own control routes): see :mod:`skyrl_glm.sync.vllm.route_guard`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ def register() -> None:
     from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import apply_lora_in_memory_patch
     from vllm.platforms import current_platform
 
+    from skyrl_glm.sync.vllm import route_guard
+
     apply_lora_in_memory_patch()
+    route_guard.install()
     if current_platform.is_cpu():
         _keep_cpu_moe_backend_with_lora()
         from skyrl_glm.models.glm5_vllm_cpu import register_cpu_model

@@ -142,6 +142,13 @@ _REVIEW = [
     Case(REVIEW, "\\frac{1}{3}", "<think>ok</think>Answer: 0.333<|user|>", False),
     Case(REVIEW, "\\sqrt{3}", "<think>ok</think>Answer: \\sqrt{2}<|user|>", False),
     Case(REVIEW, "2", "<think>ok</think>Answer: 2x<|user|>", False),
+    # hedges: an answer taken back or offered beside another pays nothing, whichever of them is true
+    Case(REVIEW, "41", "<think>ok</think>Answer: $41$ or maybe $42$<|user|>", False),
+    Case(REVIEW, "41", "<think>ok</think>Answer: $41$, no wait, 42<|user|>", False),
+    Case(REVIEW, "42", "<think>ok</think>Answer: \\boxed{41} or \\boxed{42}<|user|>", False),
+    Case(REVIEW, "42", "<think>ok</think>Answer: 41, or rather \\boxed{42}<|user|>", False),
+    Case(REVIEW, "41", "<think>ok</think>\\boxed{41}\n\nAnswer: $42$ or perhaps $41$<|user|>", False),
+    Case(REVIEW, "28", "<think>ok</think>The final answer is $28$. I hope it is correct.<|user|>", True),
 ]
 
 CASES: list[Case] = [

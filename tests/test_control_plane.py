@@ -1,10 +1,11 @@
 """Nobody but the trainer can change what the sampler serves: the control calls over a real vLLM CPU server's HTTP.
 
-One vLLM OpenAI server (the CPU build, loopback only) with skyrl-glm's worker extension and vLLM's dev-mode
-``/collective_rpc`` route, the route SkyRL's servers expose. The trainer publishes through skyrl-glm's
-``ServerPublisher`` and SkyRL's ``RemoteInferenceClient``; an attacker without the run's key posts every
-control call the earlier review used. Each is refused, the served output is unchanged, and the next trainer
-sync is accepted and served.
+One vLLM OpenAI server (the CPU build, loopback only) with the worker extension SkyRL's servers load in skyrl-glm
+runs and vLLM's dev-mode routes (``/collective_rpc`` among them), as SkyRL's servers run. The trainer publishes
+through skyrl-glm's ``SkyRLServers`` and SkyRL's ``RemoteInferenceClient`` (signing its requests); an attacker
+without the run's key posts every control call the earlier reviews used, every method of the extension class by
+name, vLLM's own worker methods and the other control routes. Each is refused, the served output is unchanged, and
+the next trainer sync is accepted and served.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from typing import Any
 import pytest
 import torch
 
-from skyrl_glm.sync.vllm import control
-from skyrl_glm.sync.vllm.engine import WORKER_EXTENSION
+from skyrl_glm.skyrl import signed_client
+from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION, SkyRLGlmWorkerExtension
+from skyrl_glm.sync.vllm import control, route_guard
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -39,8 +41,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+def _post(
+    url: str, body: dict[str, Any] | None, timeout: float = 120, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json", **(headers or {})}, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             text = resp.read().decode()
@@ -101,11 +106,17 @@ def _client(url: str) -> Any:
     class Client(RemoteInferenceClient):
         async def load_lora_adapter(self, lora_name: str, lora_path: str | None = None, **_: Any) -> dict[str, Any]:
             body = {"lora_name": lora_name, "lora_path": lora_path, "load_inplace": True}
-            status, answer = await asyncio.to_thread(_post, f"{url}/v1/load_lora_adapter", body)
+            status, answer = await asyncio.to_thread(_signed_post, url, "/v1/load_lora_adapter", body)
             assert status == 200, answer
             return {}
 
+    signed_client.install()  # as the trainer's processes do
     return Client(proxy_url=url, server_urls=[url], data_parallel_size=1)
+
+
+def _signed_post(url: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+    data = b"" if body is None else json.dumps(body).encode()
+    return _post(f"{url}{path}", body, headers=route_guard.signed_headers("POST", path, data))
 
 
 def _served(url: str) -> tuple[list[int], list[float]]:
@@ -117,8 +128,9 @@ def _served(url: str) -> tuple[list[int], list[float]]:
     return lp["tokens"], lp["token_logprobs"]
 
 
-def _rpc(url: str, method: str, args: list[Any], kwargs: dict[str, Any] | None = None) -> tuple[int, Any]:
-    return _post(f"{url}/collective_rpc", {"method": method, "args": args, "kwargs": kwargs or {}})
+def _trainer_rpc(url: str, method: str, args: list[Any]) -> tuple[int, Any]:
+    """A ``/collective_rpc`` call as the trainer makes it: the request and the call signed."""
+    return _signed_post(url, "/collective_rpc", {"method": method, "args": args, "kwargs": {}})
 
 
 def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
@@ -163,31 +175,115 @@ def _attacks(staged: str) -> list[tuple[str, str, list[Any], dict[str, Any]]]:
     ]
 
 
-def test_unauthenticated_control_calls_change_nothing_and_the_next_sync_lands(server, glm45_trainer):
+def test_calls_past_the_route_without_their_own_mac_change_nothing_and_the_next_sync_lands(server, glm45_trainer):
+    """Defence in depth: with the request signed (a process of the run, or a leaked request signature) the worker
+    still refuses every call that is not the trainer's."""
     first = _publish(server, glm45_trainer, 1, seed=1)
     assert first.ok, first.reason
     before = _served(server)
     staged = f"{LORA}@v1"
     for what, method, args, kwargs in _attacks(staged):
-        status, answer = _rpc(server, method, args, kwargs)
+        body = {"method": method, "args": args, "kwargs": kwargs}
+        status, answer = _signed_post(server, "/collective_rpc", body)
         text = json.dumps(answer)
         refused = status >= 400 or "control call refused" in text
         assert refused, f"{what}: {status} {text[:300]}"
         assert method != "skyrl_glm_staged" or staged not in text, f"{what}: the attacker learnt {text[:300]}"
         assert _served(server) == before, f"{what} changed what is served"
-    # the worker's own listing (signed): nothing dropped, nothing added
-    status, answer = _rpc(server, "skyrl_glm_staged", list(control.signed("skyrl_glm_staged", ())))
+    _assert_staged_then_next_sync_lands(server, glm45_trainer, staged, before)
+
+
+def _assert_staged_then_next_sync_lands(server: str, trainer: Any, staged: str, before: Any) -> None:
+    """The worker's own listing (signed) shows nothing dropped or added, and the trainer's next sync is served."""
+    status, answer = _trainer_rpc(server, "skyrl_glm_staged", list(control.signed("skyrl_glm_staged", ())))
     assert status == 200 and answer["results"] == [[staged]], answer
-    second = _publish(server, glm45_trainer, 2, seed=2)
+    version = int(staged.rsplit("@v", 1)[1]) + 1
+    second = _publish(server, trainer, version, seed=version)
     assert second.ok, second.reason
-    after = _served(server)
-    assert after != before, "the trainer's next sync was not served"
-    status, answer = _rpc(server, "skyrl_glm_staged", list(control.signed("skyrl_glm_staged", ())))
-    assert answer["results"] == [[f"{LORA}@v2"]], answer
+    assert _served(server) != before, "the trainer's next sync was not served"
+    status, answer = _trainer_rpc(server, "skyrl_glm_staged", list(control.signed("skyrl_glm_staged", ())))
+    assert answer["results"] == [[f"{LORA}@v{version}"]], answer
+
+
+def _callable_names() -> list[str]:
+    """Every name ``/collective_rpc`` can call on the extension class (its own, SkyRL's and Python's)."""
+    return sorted(n for n in dir(SkyRLGlmWorkerExtension) if callable(getattr(SkyRLGlmWorkerExtension, n, None)))
+
+
+def _route_attacks(staged: str) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """(what, path, body) of the control requests without the run's signature: the four the last review found,
+    vLLM's own worker methods, and the other control routes."""
+    rpc = "/collective_rpc"
+    return [
+        ("a private helper's unserialisable result", rpc, {"method": "_skyrl_glm_state"}),
+        ("Python's attribute lookup", rpc, {"method": "__getattribute__", "args": ["_skyrl_glm_state"]}),
+        (
+            "join a group at a dead port",
+            rpc,
+            {"method": "skyrl_glm_join_group", "args": ["127.0.0.1", 9, 1, 2, "gloo"]},
+        ),
+        ("what is staged and served", rpc, {"method": "skyrl_glm_staged"}),
+        ("SkyRL's discard of the serving adapter", rpc, {"method": "skyrl_discard_in_memory_lora", "args": [staged]}),
+        ("vLLM's remove_lora", rpc, {"method": "remove_lora", "args": [1]}),
+        ("vLLM's pin_lora", rpc, {"method": "pin_lora", "args": [1]}),
+        ("sleep the engine", "/sleep", None),
+        ("wake the engine", "/wake_up", None),
+        ("reset the prefix cache", "/reset_prefix_cache", None),
+        ("load an adapter of theirs", "/v1/load_lora_adapter", {"lora_name": LORA, "lora_path": "/tmp/theirs"}),
+        ("unload the serving adapter", "/v1/unload_lora_adapter", {"lora_name": LORA}),
+    ]
+
+
+def test_every_control_route_and_method_needs_the_run_signature(server, glm45_trainer):
+    """The route is the door: an unsigned or wrongly signed request reaches neither the route nor the worker."""
+    published = _publish(server, glm45_trainer, 11, seed=11)
+    assert published.ok, published.reason
+    before = _served(server)
+    staged = f"{LORA}@v11"
+    wrong = control.KEY_BYTES * b"\x01"
+    requests = [(f"rpc {name}", "/collective_rpc", {"method": name, "args": []}) for name in _callable_names()]
+    assert {"skyrl_glm_receive", "skyrl_glm_join_group", "skyrl_discard_in_memory_lora"} <= {
+        r[2]["method"] for r in requests
+    }
+    requests += _route_attacks(staged)
+    for what, path, body in requests:
+        data = b"" if body is None else json.dumps(body).encode()
+        headers = {route_guard.HEADER: route_guard.signature(wrong, "POST", path.encode(), b"", data)}
+        for how, sent in (("unsigned", {}), ("wrong key", headers)):
+            status, answer = _post(f"{server}{path}", body, headers=sent)
+            assert status == 401 and "skyrl-glm" in json.dumps(answer), f"{what} ({how}): {status} {answer!r:.300}"
+        assert _served(server) == before, f"{what} changed what is served"
+    _assert_staged_then_next_sync_lands(server, glm45_trainer, staged, before)
+
+
+def test_a_signed_request_is_accepted_once_and_only_as_signed(server):
+    path, body = "/collective_rpc", {"method": "skyrl_glm_staged", "args": list(control.signed("skyrl_glm_staged", ()))}
+    data = json.dumps(body).encode()
+    headers = route_guard.signed_headers("POST", path, data)
+    status, answer = _post(f"{server}{path}", body, headers=headers)
+    assert status == 200 and isinstance(answer["results"][0], list), answer
+    status, answer = _post(f"{server}{path}", body, headers=headers)  # seen on the wire, sent again
+    assert status == 401 and "replayed" in json.dumps(answer), answer
+    other = {**body, "method": "skyrl_glm_discard"}  # its signature on another body
+    status, answer = _post(f"{server}{path}", other, headers=route_guard.signed_headers("POST", path, data))
+    assert status == 401, answer
+    stamp, nonce, _ = headers[route_guard.HEADER].split(" ")
+    old = str(int(stamp) - 2 * route_guard.WINDOW_S)
+    key = control.current_key()
+    mac = route_guard._mac(key, old, nonce[::-1], "POST", path.encode(), b"", data)
+    status, answer = _post(f"{server}{path}", body, headers={route_guard.HEADER: f"{old} {nonce[::-1]} {mac}"})
+    assert status == 401 and "more than" in json.dumps(answer), answer
 
 
 def test_a_call_signed_with_another_key_is_refused(server, monkeypatch):
     """A key of another run (say, a second training on the same host) does not drive this run's workers."""
     monkeypatch.setattr(control, "_KEY", b"\x01" * control.KEY_BYTES)
-    status, answer = _rpc(server, "skyrl_glm_staged", list(control.signed("skyrl_glm_staged", ())))
+    status, answer = _trainer_rpc(server, "skyrl_glm_staged", list(control.signed("skyrl_glm_staged", ())))
+    assert status == 401 and "not signed with the run's control key" in json.dumps(answer), (status, answer)
+    monkeypatch.undo()
+    # past the route (the run's request signature) but the call itself signed with another key: the worker refuses
+    call = ["f" * control.MAC_CHARS]
+    status, answer = _trainer_rpc(server, "skyrl_glm_staged", call)
+    assert status >= 400 and "not signed with the run's control key" in json.dumps(answer), (status, answer)
+    status, answer = _trainer_rpc(server, "skyrl_glm_staged", ["\u00e9" * control.MAC_CHARS])  # not ASCII
     assert status >= 400 and "not signed with the run's control key" in json.dumps(answer), (status, answer)

@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 import skyrl_gym
 from dapo_reward_cases import CASES, accuracy_table, run
 from skyrl_gym.envs.aime.utils import compute_score as aime_score
 
-from skyrl_glm.dapo import reward
+from skyrl_glm.dapo import reward, verify
 from skyrl_glm.dapo.answer import extract_answer, final_text
 from skyrl_glm.dapo.env import ENV_ID, GlmMathEnv, register
 from skyrl_glm.dapo.reward import score
@@ -73,8 +77,19 @@ def test_suite_catches_a_lenient_verifier(monkeypatch):
 
 @pytest.mark.parametrize(
     "text,value",
-    [("033", 33), ("+033", 33), ("33.0", 33), ("\\dfrac{1}{2}", 0.5), ("\\frac12", 0.5), ("50\\%", 50),
-     ("90^{\\circ}", 90), ("14{,}916", 14916), ("x = -7", -7), ("1,000", 1000), ("2/4", 0.5)],
+    [
+        ("033", 33),
+        ("+033", 33),
+        ("33.0", 33),
+        ("\\dfrac{1}{2}", 0.5),
+        ("\\frac12", 0.5),
+        ("50\\%", 50),
+        ("90^{\\circ}", 90),
+        ("14{,}916", 14916),
+        ("x = -7", -7),
+        ("1,000", 1000),
+        ("2/4", 0.5),
+    ],
 )
 def test_numbers_exact(text, value):
     assert as_number(text) == value
@@ -131,18 +146,64 @@ def test_time_cap_on_the_math_verify_path():
 
 
 def test_a_dead_helper_is_replaced():
-    from skyrl_glm.dapo import verify
-
     assert score("Answer: \\sqrt{9}", "3").correct  # helper up
-    verify._HELPER._proc.kill()
-    verify._HELPER._proc.wait()
+    for helper in verify._HELPER._idle:
+        helper._proc.kill()
+        helper._proc.wait()
     assert score("Answer: \\sqrt{16}", "4").correct
+
+
+TOWER = "10^{10^{10^{10}}}"  # sympy computes a power tower for hours
+
+
+def test_the_helper_ends_when_its_parent_is_killed():
+    """A scoring process killed mid-batch (SIGKILL: no EOF reaches the helper while sympy computes) leaves no helper
+    computing behind it."""
+    script = (
+        "import threading, time\n"
+        "from skyrl_glm.dapo import verify\n"
+        "assert verify.equivalent('\\\\sqrt{4}', '2').equal\n"  # the helper is up
+        "[pid] = verify._HELPER.pids()\n"
+        f"threading.Thread(target=verify.equivalent, args=({TOWER!r}, '3', 600), daemon=True).start()\n"
+        "time.sleep(1)\n"  # it computes the tower
+        "print(pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
+    helper = psutil.Process(int(parent.stdout.readline()))
+    assert helper.is_running() and helper.status() != psutil.STATUS_ZOMBIE
+    parent.kill()
+    parent.wait()
+    gone, _ = psutil.wait_procs([helper], timeout=10)
+    assert gone, f"helper {helper.pid} still running after its parent was killed"
+
+
+def test_capped_responses_do_not_wait_for_each_other():
+    """Each scoring thread gets its own helper, so one capped response holds up only its own thread; a pair that
+    ran past its cap is scored at once the next time."""
+    helpers = verify._Helpers(3)
+    started = time.monotonic()
+    with ThreadPoolExecutor(3) as pool:
+        verdicts = list(pool.map(lambda t: helpers.verify(TOWER, t, 1.0), ["3", "4", "5"]))
+    elapsed = time.monotonic() - started
+    assert [v.path for v in verdicts] == ["timeout"] * 3
+    assert helpers._started == 3  # three helpers at once, not one in turn
+    print(f"3 capped responses in {elapsed:.1f} s (cap 1.0 s each, helper start-up included)")
+    again = time.monotonic()
+    assert helpers.verify(TOWER, "4", 1.0) == verify.Verdict(False, "timeout")
+    assert helpers.verify(TOWER, "4", 0.5).path == "timeout" and time.monotonic() - again < 0.1  # remembered
+    assert helpers._started == 3 and not helpers.pids()  # no helper asked; the timed-out ones were stopped
+    assert helpers.verify("\\sqrt{4}", "2", 30.0) == verify.Verdict(True, "math-verify")
 
 
 def test_scores_from_a_thread_pool_like_skyrl():
     # SkyRL runs env.step in a ThreadPoolExecutor: math-verify's own signal timeout refuses threads; ours does not.
-    jobs = [("Answer: \\sqrt{8}", "2\\sqrt{2}", True), ("Answer: \\pi", "\\frac{\\pi}{2}", False),
-            ("Answer: 033", "33", True), ("Answer: 7", "8", False)] * 3
+    jobs = [
+        ("Answer: \\sqrt{8}", "2\\sqrt{2}", True),
+        ("Answer: \\pi", "\\frac{\\pi}{2}", False),
+        ("Answer: 033", "33", True),
+        ("Answer: 7", "8", False),
+    ] * 3
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda j: score(j[0], j[1]).correct, jobs))
     assert results == [j[2] for j in jobs]

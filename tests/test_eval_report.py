@@ -148,6 +148,10 @@ def _one_line_exit_2(argv, capsys) -> str:
         (['{"score": NaN, "input_prompt": "p"}'], "aime2024.jsonl:1: score nan is not a number"),
         (['{"score": true, "input_prompt": "p"}'], "aime2024.jsonl:1: score True is not a number"),
         (['{"input_prompt": "p"}'], "aime2024.jsonl:1: a record needs input_prompt and score"),
+        (['{"score": ' + "9" * 5000 + ', "input_prompt": "p"}'], "aime2024.jsonl:1: not usable JSON (ValueError"),
+        (['{"score": ' + "9" * 400 + ', "input_prompt": "p"}'], "aime2024.jsonl:1: score 999"),  # past float
+        (['{"score": 1e400, "input_prompt": "p"}'], "aime2024.jsonl:1: score inf is not a number"),
+        (["[" * 100_000 + "]" * 100_000], "aime2024.jsonl:1: not usable JSON (RecursionError"),
     ],
 )
 def test_report_bad_scores_one_line(tmp_path, capsys, lines, message):
@@ -180,3 +184,11 @@ def test_report_outputs_checked_before_the_table(tmp_path, tokenizer, capsys):
         assert err.startswith(f"skyrl-glm: error: {option} {blocker / 'out'}:"), err
         err = _one_line_exit_2(["report", str(tmp_path), option, str(tmp_path)], capsys)
         assert "is a directory" in err
+
+
+def test_report_writes_into_a_directory_it_makes(tmp_path, tokenizer, capsys):
+    _dump(tmp_path, 0, tokenizer, [[(1.0, 10, "stop")]])
+    out = tmp_path / "not" / "yet"
+    assert main(["report", str(tmp_path), "--json", str(out / "r.json"), "--png", str(out / "r.png")]) == 0
+    assert json.loads((out / "r.json").read_text())[0]["accuracy"] == 1.0 and (out / "r.png").is_file()
+    capsys.readouterr()

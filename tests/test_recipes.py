@@ -13,8 +13,28 @@ from skyrl_glm.cli import main
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.config import ConfigError, load_config, packaged_recipes, resolved_transport
 from skyrl_glm.skyrl.recipes_cli import dry_run
+from skyrl_glm.sync.vllm.control import KEY_DIR_ENV
 
 GLM_RECIPES = {"glm53_dapo_math": "glm-5.3", "glm53_flash_dapo_math_2node": "glm-5.3-flash"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_key_dir(tmp_path_factory):
+    """The two-node recipe needs its control key on storage every node reads (a shared home): named here."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv(KEY_DIR_ENV, str(tmp_path_factory.mktemp("shared-home")))
+    yield
+    patch.undo()
+
+
+def test_a_multi_node_run_without_a_shared_key_dir_is_refused(monkeypatch, capsys):
+    monkeypatch.delenv(KEY_DIR_ENV)
+    for name in GLM_RECIPES:  # 4 and 2 nodes
+        assert main(["recipes", "validate", name]) == 2
+        err = capsys.readouterr().err
+        assert f"needs its control key on every node; set {KEY_DIR_ENV}" in err and len(err.strip().splitlines()) == 1
+    assert main(["recipes", "validate", "tiny_cpu_grpo"]) == 0  # one node: the key is on it
+    capsys.readouterr()
 
 
 @pytest.fixture(scope="module", params=sorted(GLM_RECIPES))

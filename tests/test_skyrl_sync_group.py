@@ -26,6 +26,7 @@ from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver
 from skyrl_glm.sync.transports.base import TransportError
 from skyrl_glm.sync.transports.collective import CollectiveTransport
+from skyrl_glm.sync.vllm.worker import receiver_state, receiving_transport
 
 pytestmark = pytest.mark.vllm
 
@@ -63,7 +64,7 @@ def test_every_worker_of_every_server_joins_and_receives_one_broadcast(monkeypat
     workers = [w for ws in servers.workers.values() for w in ws]
     assert group.size() == 5 and group.rank() == 0
     # server 0's workers after the trainer (ranks 1, 2), server 1's after them (3, 4): nccl_init_payloads' offsets
-    assert sorted(w._skyrl_glm_group.rank() for w in workers) == [1, 2, 3, 4]
+    assert sorted(receiver_state(w).group.rank() for w in workers) == [1, 2, 3, 4]
 
     adapter = {
         "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(2, 8),
@@ -74,7 +75,7 @@ def test_every_worker_of_every_server_joins_and_receives_one_broadcast(monkeypat
     handle = sender.prepare(plan)
 
     def receive(w: Worker) -> dict[str, torch.Tensor]:
-        tx = w._skyrl_glm_transport(CollectiveTransport.name)
+        tx = receiving_transport(w, receiver_state(w), CollectiveTransport.name)
         return AdapterReceiver().receive(plan.manifest.to_json(), json.loads(json.dumps(handle)), tx).tensors
 
     async def one_update() -> list[dict[str, torch.Tensor]]:
@@ -89,4 +90,5 @@ def test_every_worker_of_every_server_joins_and_receives_one_broadcast(monkeypat
 def test_a_worker_that_never_joined_refuses_a_collective_update() -> None:
     """Never vLLM's own world group: the trainer is not in it."""
     with pytest.raises(TransportError, match="has not joined the trainer's sync group"):
-        Worker(0, 1)._skyrl_glm_transport(CollectiveTransport.name)
+        worker = Worker(0, 1)
+        receiving_transport(worker, receiver_state(worker), CollectiveTransport.name)

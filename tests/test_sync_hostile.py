@@ -23,6 +23,7 @@ from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 from skyrl_glm.sync.update import UpdateResult
 from skyrl_glm.sync.vllm.control import signed
+from skyrl_glm.sync.vllm.worker import receiver_state
 
 CONFIG = {"r": 4, "lora_alpha": 8}
 
@@ -563,7 +564,7 @@ def test_signed_calls_are_still_typed_and_confined_to_this_workers_names(worker,
     with pytest.raises(ControlRefused, match=reason):
         getattr(worker, method)(*signed(method, args))
     assert worker.skyrl_glm_staged(*signed("skyrl_glm_staged", ())) == ["p@v1"]
-    assert worker._skyrl_glm_receiver().version == 1
+    assert receiver_state(worker).receiver.version == 1
 
 
 def test_a_receive_with_a_bad_transport_or_verify_type_is_refused(worker):

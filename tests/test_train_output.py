@@ -116,7 +116,10 @@ def test_skyrl_notes_on_skipped_patches_show_with_v_only(verbose: bool) -> None:
     assert ("Skipping GLM-5.3-Flash LoRA packing patch" in shown) is verbose, shown
 
 
-def test_dry_run_is_short_and_the_full_config_is_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_is_short_and_the_full_config_is_asked_for(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SKYRL_GLM_CONTROL_KEY_DIR", str(tmp_path))  # four nodes: the key on storage all mount
     assert main(["train", "glm53_dapo_math", "--dry-run"]) == 0
     short = capsys.readouterr().out
     assert len(short.splitlines()) <= 20, short

@@ -35,6 +35,13 @@ class SamplerScorer(Protocol):
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]: ...
 
 
+# |dlogp| bounds and the step-2 perturbation, at most: per-token logprob gaps between unrelated policies are a few
+# nats, so a bound above this lets any pair of samplers agree (a check that cannot fail), and a perturbation this
+# large already saturates every softmax.
+MAX_TOLERANCE = 10.0
+MAX_SCALE = 10.0
+
+
 @dataclass(frozen=True)
 class CheckConfig:
     mean_tol: float = 0.05
@@ -46,11 +53,12 @@ class CheckConfig:
     first_version: int = 1  # adapter versions used: first_version, first_version + 1 (must exceed the sampler's)
 
     def __post_init__(self) -> None:
-        """Bounds are finite and >= 0: every comparison with a NaN bound is false, so it would pass anything."""
+        """Bounds are finite and in ``0..MAX_TOLERANCE``: every comparison with a NaN bound is false, so it would pass
+        anything, and so would a huge one. The perturbation is ``> 0`` (step 3 needs one the stale sampler misses)."""
         for name in ("mean_tol", "max_tol", "repeat_tol"):
-            tolerance(name, getattr(self, name))
-        if not math.isfinite(self.scale):
-            raise UsageError(f"scale must be finite, got {self.scale}")
+            tolerance(name, getattr(self, name), MAX_TOLERANCE)
+        if not (math.isfinite(self.scale) and 0 < self.scale <= MAX_SCALE):
+            raise UsageError(f"scale must be a number > 0 and <= {MAX_SCALE:g}, got {self.scale}")
 
 
 @dataclass

@@ -28,6 +28,9 @@ _MARKER = re.compile(r"(?i)(final[ \t]+)?answer[ \t]*(?:\*\*[ \t]*)?(:|is\b)")
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")
 _DELIMITERS = (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$"), ("$", "$"), ("**", "**"))
 _DISPLAY_OPEN = {"\\[": "\\]", "$$": "$$"}
+# Words that take an answer back or offer another; what may follow a final math span (no digit, no more math).
+_HEDGE = re.compile(r"(?i)\b(?:or|maybe|perhaps|possibly|wait|either|rather|actually|alternatively|no)\b")
+_STATES = re.compile(r"[0-9$]|\\[(\[]|\\boxed|\\fbox")
 
 
 def final_text(response: str) -> str | None:
@@ -83,9 +86,9 @@ def _unbox(answer: str) -> str:
     return answer
 
 
-def _last_marker(text: str) -> tuple[int, str] | None:
+def _last_marker(text: str) -> tuple[int, str | None] | None:
     """(position, answer text) of the last answer marker: the rest of its line, or the display math / first
-    non-empty line that follows when the marker ends its line."""
+    non-empty line that follows when the marker ends its line; the text is None when the line hedges."""
     lines = text.split("\n")
     offset = len(text)
     for index in range(len(lines) - 1, -1, -1):
@@ -116,14 +119,29 @@ def _last_marker(text: str) -> tuple[int, str] | None:
     return None
 
 
-def _leading_math(rest: str) -> str:
-    """The math span ``rest`` starts with, if it does (``$28\\%$. I hope it is correct.`` -> ``$28\\%$``)."""
+def _leading_math(rest: str) -> str | None:
+    """The math span ``rest`` starts with, if it does and what follows it states nothing (``$28\\%$. I hope it is
+    correct.`` -> ``$28\\%$``); None when what follows is another answer or a hedge (``$41$ or maybe $42$``,
+    ``$41$, no wait, 42``): a hedged answer is no answer."""
     for left, right in _DELIMITERS[:4]:
         if rest.startswith(left):
             end = rest.find(right, len(left))
             if end > len(left):
-                return rest[: end + len(right)]
+                tail = rest[end + len(right) :]
+                return None if _STATES.search(tail) or _HEDGE.search(tail) else rest[: end + len(right)]
     return rest
+
+
+def _hedged_box(text: str, start: int) -> bool:
+    """Whether the final box at ``start`` sits on a line that hedges between it and another answer (``\\boxed{41}
+    or \\boxed{42}``, ``Answer: 41, or maybe \\boxed{42}``)."""
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", start)
+    line = text[line_start : len(text) if line_end < 0 else line_end]
+    if _HEDGE.search(line) is None:
+        return False
+    boxes = sum(line.count(opener) for opener in _BOX_OPENERS)
+    return boxes > 1 or any(m.group(2) == ":" or m.group(1) for m in _MARKER.finditer(line, 0, start - line_start))
 
 
 def clean(answer: str) -> str:
@@ -153,10 +171,12 @@ def extract_answer(response: str) -> str | None:
     if box is not None and (marker is None or box[0] > marker[0]):
         if box[1] is None:  # the final box was cut off by the length cap: no answer, not an earlier one
             return None
+        if _hedged_box(window, box[0]):
+            return None
         answer = box[1]
-    elif marker is not None:
+    elif marker is not None and marker[1] is not None:
         answer = marker[1]
-    else:
+    else:  # no answer, or the last one hedged (an earlier box it replaced does not count either)
         return None
     if len(answer) > 4 * MAX_ANSWER_CHARS:  # prose, not an answer; also keeps clean() short
         return None

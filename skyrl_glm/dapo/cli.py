@@ -58,6 +58,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     points = collect(run)
     print_table(points, console)
     if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)  # writable_file checked that it can be made
         json_path.write_text(json.dumps(to_json(points), indent=2))
         console.print(f"wrote {json_path}", highlight=False)
     console.print(f"wrote {plot(points, png)}", highlight=False)

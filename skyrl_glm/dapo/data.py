@@ -69,6 +69,10 @@ class Prepared:
 # Integers as the public files write them: ``33``, ``-4``, ``+033``, ``33.0``, ``1,000``.
 _INTEGER = re.compile(r"[+-]?(?:\d+|[1-9]\d{0,2}(?:,\d{3})+)(?:\.0*)?")
 _MAX_REASONS = 5
+# Ground truths hold at most this many digits (AIME answers have 3; a longer "integer" is a corrupt cell), and a
+# float one at most 2**53 (beyond that a float is not the integer the file meant: 2**60 + 1 reads as 2**60).
+MAX_DIGITS = 20
+MAX_EXACT_FLOAT = 2**53
 
 
 def ground_truth(value: Any) -> str:
@@ -80,10 +84,12 @@ def ground_truth(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         raise ValueError(f"ground truth {value!r} is not an integer")
     if isinstance(value, int):
-        return str(value)
+        return _digits(value)
     if isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
             raise ValueError(f"ground truth {value!r} is not an integer")
+        if abs(value) > MAX_EXACT_FLOAT:
+            raise ValueError(f"ground truth {value!r} is a float past 2**53: the integer it stood for is lost")
         return str(int(value))
     if not isinstance(value, str):
         raise ValueError(f"ground truth is a {type(value).__name__}, not an integer")
@@ -94,7 +100,16 @@ def ground_truth(value: Any) -> str:
         raise ValueError(f"ground truth {_short(text)} is a container, not an integer")
     if not _INTEGER.fullmatch(text):
         raise ValueError(f"ground truth {_short(text)} is not an integer")
-    return str(int(text.split(".")[0].replace(",", "")))
+    digits = text.split(".")[0].replace(",", "")
+    if len(digits.lstrip("+-").lstrip("0")) > MAX_DIGITS:
+        raise ValueError(f"ground truth {_short(text)} has more than {MAX_DIGITS} digits")
+    return str(int(digits))
+
+
+def _digits(value: int) -> str:
+    if value.bit_length() > 4 * MAX_DIGITS or len(str(abs(value))) > MAX_DIGITS:
+        raise ValueError(f"ground truth has more than {MAX_DIGITS} digits")
+    return str(value)
 
 
 def _short(text: str) -> str:

@@ -80,6 +80,8 @@ def _read_jsonl(path: Path) -> list[dict]:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ReportError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+                except (ValueError, RecursionError) as e:  # a 5,000-digit number; nesting past Python's stack
+                    raise ReportError(f"{path}:{lineno}: not usable JSON ({type(e).__name__}: {e})") from None
                 if not isinstance(record, dict):
                     raise ReportError(f"{path}:{lineno}: expected a JSON object")
                 records.append((lineno, record))
@@ -90,16 +92,24 @@ def _read_jsonl(path: Path) -> list[dict]:
     return records
 
 
+def _number(value: object) -> float | None:
+    """``value`` as a finite float, None if it is not a number or none (a bool, NaN, an int past float's range)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _reward(value: object) -> float | list[float] | None:
     """A dumped ``score``: a finite number (sequence reward) or a non-empty list of them (token rewards)."""
-
-    def number(v: object) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-    if number(value):
-        return float(value)
-    if isinstance(value, list) and value and all(number(v) for v in value):
-        return [float(v) for v in value]
+    if (number := _number(value)) is not None:
+        return number
+    if isinstance(value, list) and value:
+        numbers = [_number(v) for v in value]
+        return None if None in numbers else numbers
     return None
 
 
@@ -138,8 +148,7 @@ def _mean_length(eval_dir: Path) -> float | None:
     if not aggregated.is_file():
         return None
     metrics = _read_jsonl(aggregated)
-    value = metrics[0][1].get(LENGTH_KEY) if metrics else None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return _number(metrics[0][1].get(LENGTH_KEY)) if metrics else None
 
 
 def _dump_points(step: int | None, eval_dir: Path, files: list[Path]) -> list[EvalPoint]:

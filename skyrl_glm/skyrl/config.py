@@ -31,12 +31,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLTrainConfig, TrainerConfig, make_config
 
-from skyrl_glm.check.algorithm import CheckConfig
+from skyrl_glm.check.algorithm import MAX_SCALE, MAX_TOLERANCE, CheckConfig
 from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
+from skyrl_glm.skyrl.value_ranges import range_problem
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 from skyrl_glm.usage import UsageError
 
@@ -136,10 +137,10 @@ class CheckSection:
         _bounded("skyrl_glm.check.probe_length", self.probe_length, 2, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.prompt_length", self.prompt_length, 1, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.decode_tokens", self.decode_tokens, 1, MAX_DECODE_TOKENS)
-        for name in ("mean_tol", "max_tol", "repeat_tol"):  # a bound: finite and >= 0
-            _bounded(f"skyrl_glm.check.{name}", getattr(self, name), 0, None)
-        if not math.isfinite(self.scale) or self.scale <= 0:  # step 3 needs a perturbation the sampler can miss
-            raise ConfigError(f"skyrl_glm.check.scale: must be a finite number > 0, got {self.scale}")
+        for name in ("mean_tol", "max_tol", "repeat_tol"):  # a bound: finite, >= 0, not one that passes anything
+            _bounded(f"skyrl_glm.check.{name}", getattr(self, name), 0, MAX_TOLERANCE)
+        if not 0 < self.scale <= MAX_SCALE:  # step 3 needs a perturbation the sampler can miss (NaN fails too)
+            raise ConfigError(f"skyrl_glm.check.scale: must be > 0 and <= {MAX_SCALE:g}, got {self.scale}")
         if self.prompt_length >= self.probe_length:
             raise ConfigError(
                 f"skyrl_glm.check.prompt_length: must be < probe_length ({self.probe_length}), got {self.prompt_length}"
@@ -238,34 +239,6 @@ def check_consistency(cfg: Any) -> None:
         )
 
 
-# SkyRL keys that SkyRL accepts at any value but that fail only after Ray, the models and vLLM started (or loop
-# forever): each must be >= 1.
-AT_LEAST_ONE = (
-    "trainer.epochs",
-    "trainer.train_batch_size",
-    "trainer.policy_mini_batch_size",
-    "trainer.micro_train_batch_size_per_gpu",
-    "trainer.micro_forward_batch_size_per_gpu",
-    "trainer.update_epochs_per_batch",
-    "trainer.max_prompt_length",
-    "trainer.placement.policy_num_nodes",
-    "trainer.placement.policy_num_gpus_per_node",
-    "generator.max_input_length",
-    "generator.n_samples_per_prompt",
-    "generator.eval_n_samples_per_prompt",
-    "generator.sampling_params.max_generate_length",
-    "generator.eval_sampling_params.max_generate_length",
-    "generator.inference_engine.num_engines",
-    "generator.inference_engine.tensor_parallel_size",
-    "generator.inference_engine.pipeline_parallel_size",
-    "generator.inference_engine.data_parallel_size",
-)
-
-
-def _select(cfg: Any, dotted: str) -> Any:
-    return functools.reduce(getattr, dotted.split("."), cfg)
-
-
 def validate(cfg: Any) -> None:
     """Everything a run needs of its config, checked before anything starts: skyrl-glm's combinations, SkyRL
     bounds it does not check itself, the recipe's rules, then SkyRL's own ``validate_cfg`` (on a copy). One
@@ -273,9 +246,8 @@ def validate(cfg: Any) -> None:
     from skyrl.train.utils import validate_cfg
 
     check_consistency(cfg)
-    for key in AT_LEAST_ONE:
-        if (value := _select(cfg, key)) < 1:
-            raise ConfigError(f"{key}: must be >= 1, got {value}")
+    if problem := range_problem(cfg):  # SkyRL values it takes at any value (counts, sampling, engine arguments)
+        raise ConfigError(problem)
     if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer
         raise ConfigError(found[0])
     # On a copy: validate_cfg also rewrites a few keys (the run's own call, in train, keeps them), and it asks this

@@ -12,6 +12,7 @@ from skyrl.train.entrypoints.main_base import BasePPOExp
 from skyrl_glm.dapo.env import register as register_glm_math
 from skyrl_glm.dapo.mismatch import MismatchMetrics
 from skyrl_glm.plugins import registry
+from skyrl_glm.skyrl import signed_client
 from skyrl_glm.skyrl.summary import RunSummary
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
@@ -47,6 +48,7 @@ class GlmPPOExp(BasePPOExp):
             cfg.generator.inference_engine.engine_init_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
             logging.getLogger(_SKYRL_SERVER_ARGS_LOGGER).addFilter(_NoDiskLoraWarning())
         _router_args_compat()
+        signed_client.install()  # the trainer's control calls carry the run's signature (the servers' route guard)
         register_glm_math()  # the `glm_math` reward env, in the process that builds the generator
         super().__init__(cfg)
 

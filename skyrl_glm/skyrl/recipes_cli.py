@@ -45,10 +45,16 @@ def _config_errors() -> tuple[type[Exception], ...]:
     return (ConfigError,)
 
 
-def _load(recipe: str, overrides: list[str]) -> Any:
-    from skyrl_glm.skyrl.config import load_config  # also checks layout vs hardware and sampler-safe LoRA targets
+def _load(recipe: str, overrides: list[str], runnable: bool = True) -> Any:
+    """The recipe's config; ``runnable``: also what a run needs of this machine's environment (a multi-node run's
+    shared key directory), as ``recipes validate`` and ``train --dry-run`` check and ``recipes list`` does not."""
+    from skyrl_glm.skyrl.config import ConfigError, load_config  # also layout vs hardware, sampler-safe targets
+    from skyrl_glm.skyrl.key_placement import key_problem
 
-    return load_config(recipe, overrides)
+    cfg = load_config(recipe, overrides)
+    if runnable and (problem := key_problem(cfg)):
+        raise ConfigError(f"{recipe}: {problem}")
+    return cfg
 
 
 def summary_sentence(path: Path) -> str:
@@ -117,7 +123,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for name in packaged_recipes():
         path = resolve_recipe(name)
         try:
-            cfg = _load(name, [])
+            cfg = _load(name, [], runnable=False)
             model = cfg.trainer.policy.model.path
             hardware = _hardware_line(cfg) if model else "-"
             model = model or "(a base for other recipes)"

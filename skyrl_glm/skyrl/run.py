@@ -256,6 +256,7 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
 def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
     from skyrl_glm.skyrl.config import ConfigError, missing_data
+    from skyrl_glm.skyrl.key_placement import key_problem
     from skyrl_glm.skyrl.run_log import log_to_stderr
     from skyrl_glm.usage import PROG, print_error
 
@@ -265,7 +266,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         from skyrl.train.utils import validate_cfg
 
         validate_cfg(cfg)
-        if problem := missing_data(cfg):
+        if problem := missing_data(cfg) or key_problem(cfg):
             raise ConfigError(problem)
     except (ConfigError, ValueError, AssertionError) as e:
         return print_error(f"{PROG} train", str(e).splitlines()[0] if str(e) else type(e).__name__)

@@ -19,8 +19,12 @@ from typing import Any
 
 import torch.distributed as dist
 
+from skyrl_glm.sync.vllm.control import signed
+
 JOIN_METHOD = "skyrl_glm_join_group"
-TIMEOUT = datetime.timedelta(minutes=10)
+# How long a worker waits for the others and the trainer to join: the trainer joins as soon as it sent the calls,
+# so a bound this short only ever cuts a join that cannot complete (a dead or forged rendezvous).
+TIMEOUT = datetime.timedelta(seconds=60)
 
 
 def join(host: str, port: int, rank: int, world_size: int, backend: str) -> dist.ProcessGroup:
@@ -68,7 +72,10 @@ async def open_group(client: Any, backend: str) -> dist.ProcessGroup:
             client._call_server(
                 url,
                 "/collective_rpc",
-                {"method": JOIN_METHOD, "args": [host, port, int(p["rank_offset"]), world_size, backend]},
+                {
+                    "method": JOIN_METHOD,
+                    "args": list(signed(JOIN_METHOD, (host, port, int(p["rank_offset"]), world_size, backend))),
+                },
             )
             for url, p in zip(client.server_urls, payloads, strict=True)
         )

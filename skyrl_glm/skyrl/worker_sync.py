@@ -17,6 +17,7 @@ import torch
 
 from skyrl_glm.check.faults import inject_in_skyrl
 from skyrl_glm.plugins import registry
+from skyrl_glm.skyrl import signed_client
 from skyrl_glm.skyrl.publish import SkyRLServers
 from skyrl_glm.sync.dedup import Dedup
 from skyrl_glm.sync.publisher import InMemoryPublisher
@@ -70,6 +71,7 @@ class GlmSyncMixin:
         raise NotImplementedError
 
     async def init_weight_sync_state(self, inference_engine_client: Any, inference_engine_cfg: Any) -> None:
+        signed_client.install()  # this worker's control calls carry the run's signature (the servers' route guard)
         if not self._glm_skips_transfer_engine():
             return await super().init_weight_sync_state(inference_engine_client, inference_engine_cfg)  # type: ignore[misc]
         self._weight_sync_inference_client = inference_engine_client

@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -28,7 +29,10 @@ from collections.abc import Sequence
 from typing import Any
 
 KEY_ENV = "SKYRL_GLM_CONTROL_KEY_FILE"
+KEY_DIR_ENV = "SKYRL_GLM_CONTROL_KEY_DIR"  # where a run's key directory is made (default: the temp dir)
 KEY_BYTES = 32
+KEY_CHARS = 2 * KEY_BYTES
+_HEX = re.compile(rb"[0-9a-f]+")
 MAC_CHARS = 2 * hashlib.sha256().digest_size
 
 
@@ -37,7 +41,8 @@ class ControlRefused(PermissionError):
 
 
 def _read_key(path: str) -> bytes:
-    """The key in ``path``: a regular file of this user, readable by nobody else, holding the hex key."""
+    """The key in ``path``: a regular file of this user with one link, readable by nobody else, holding exactly the
+    key as lowercase hex (nothing before or after it, not all zeros)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
@@ -46,24 +51,23 @@ def _read_key(path: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             raise ControlRefused("control key file is not a private file of this user (owner only, mode 0600)")
-        text = os.read(fd, 2 * KEY_BYTES + 1)
+        if st.st_nlink != 1:
+            raise ControlRefused(f"control key file has {st.st_nlink} links (another name can reach it)")
+        text = os.read(fd, KEY_CHARS + 1)
     finally:
         os.close(fd)
-    try:
-        key = bytes.fromhex(text.decode("ascii"))
-    except ValueError:
-        key = b""
-    if len(key) != KEY_BYTES:
-        raise ControlRefused("control key file does not hold a key")
-    return key
+    if len(text) != KEY_CHARS or _HEX.fullmatch(text) is None or not text.strip(b"0"):
+        raise ControlRefused(f"control key file does not hold a key ({KEY_CHARS} lowercase hex digits, not all zero)")
+    return bytes.fromhex(text.decode("ascii"))
 
 
 _KEY: bytes | None = None
 
 
 def _make_key_file() -> str:
-    """A fresh key in a new private directory, removed when this process exits."""
-    directory = tempfile.mkdtemp(prefix="skyrl-glm-key-")  # mode 0700
+    """A fresh key in a new private directory (under ``$SKYRL_GLM_CONTROL_KEY_DIR`` when set: storage every node of
+    a multi-node run reads), removed when this process exits."""
+    directory = tempfile.mkdtemp(prefix="skyrl-glm-key-", dir=os.environ.get(KEY_DIR_ENV) or None)  # mode 0700
     atexit.register(shutil.rmtree, directory, True)
     path = os.path.join(directory, "control.key")
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -98,6 +102,11 @@ def receiver_key() -> bytes:
     return _RECEIVER_KEY
 
 
+def current_key() -> bytes | None:
+    """The key this process signs with, None when its environment names none (not a skyrl-glm run); never makes one."""
+    return sender_key() if _KEY is not None or os.environ.get(KEY_ENV) else None
+
+
 @contextlib.contextmanager
 def run_key() -> Any:
     """A key for one run (``skyrl-glm train``): made before anything starts, its file removed when the run ends."""
@@ -116,6 +125,11 @@ def run_key() -> Any:
             os.environ[KEY_ENV] = saved
 
 
+def is_mac(value: Any) -> bool:
+    """Whether ``value`` has a MAC's form (what :func:`hmac.compare_digest` may then compare): 64 ASCII characters."""
+    return isinstance(value, str) and len(value) == MAC_CHARS and value.isascii()
+
+
 def _mac(key: bytes, method: str, args: Sequence[Any]) -> str:
     message = json.dumps([method, list(args)], sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
@@ -131,7 +145,7 @@ def verify(method: str, args: Sequence[Any], kwargs: dict[str, Any], arity: tupl
     :class:`ControlRefused`. ``arity``: the least and most arguments the method takes after the MAC."""
     if kwargs:
         raise ControlRefused(f"{method}: keyword arguments are not accepted")
-    if not args or not isinstance(args[0], str) or len(args[0]) != MAC_CHARS:
+    if not args or not is_mac(args[0]):
         raise ControlRefused(f"{method}: not signed with the run's control key")
     rest = tuple(args[1:])
     if not arity[0] <= len(rest) <= arity[1]:

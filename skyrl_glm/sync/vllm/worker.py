@@ -8,11 +8,14 @@ Arguments and results are plain data (str, int, dict): nothing is unpickled from
 Every method takes the call's MAC first (:mod:`skyrl_glm.sync.vllm.control`) and checks it before anything else,
 then its arguments' types; commit and discard act only on names this worker staged itself in this run. A refused
 receive is an answer (``ok: False``); a refused commit, discard or listing raises
-:class:`~skyrl_glm.sync.vllm.control.ControlRefused`. Either way nothing changes.
+:class:`~skyrl_glm.sync.vllm.control.ControlRefused`. Either way nothing changes. ``collective_rpc`` reaches any
+attribute of the worker by name, so the class holds only the :data:`CONTROL_METHODS` (and a flag); its state and
+helpers live outside it (:func:`receiver_state`), so no name returns an object vLLM cannot send back.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,7 +27,8 @@ from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import (
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.manifest import MAX_MANIFEST_BYTES
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
-from skyrl_glm.sync.transports.base import Transport
+from skyrl_glm.sync.transports.base import Transport, TransportError
+from skyrl_glm.sync.transports.collective import CollectiveTransport
 from skyrl_glm.sync.update import describe_error
 from skyrl_glm.sync.vllm.control import ControlRefused, verify
 
@@ -37,28 +41,57 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# The methods ``collective_rpc`` may name on this extension, each checking its MAC first (the allow-list; a test
+# enumerates the class so a new method cannot slip in). Everything else of the extension's is state (not callable)
+# or a module function below, out of reach of a method name.
+CONTROL_METHODS = ("skyrl_glm_receive", "skyrl_glm_commit", "skyrl_glm_discard", "skyrl_glm_staged")
+
+
+@dataclass
+class ReceiverState:
+    """One worker's receiving side: the verifier, what it staged in this run (staged name -> version, the only
+    names commit and discard take) and the trainer's sync group once joined."""
+
+    receiver: AdapterReceiver
+    staged: dict[str, int] = field(default_factory=dict)
+    group: Any = None
+    joined: bool = False
+
+    @property
+    def serving(self) -> str | None:
+        return next((n for n, v in self.staged.items() if v == self.receiver.version), None)
+
+
+def receiver_state(worker: Any) -> ReceiverState:
+    """The worker's :class:`ReceiverState`, made on first use (kept in the worker's ``__dict__``)."""
+    state = worker.__dict__.get(_STATE)
+    if state is None:
+        device = getattr(worker, "device", None) or torch.device("cpu")
+        state = worker.__dict__[_STATE] = ReceiverState(AdapterReceiver(device=device))
+    return state
+
+
+_STATE = "_skyrl_glm_state"
+
+
+def receiving_transport(worker: Any, state: ReceiverState, name: str) -> Transport:
+    """The receiving end of transport ``name``: a collective one over the trainer's group once the worker joined it
+    (a worker that needs the group, :attr:`LoraSyncWorkerExtension.skyrl_glm_group_required`, never falls back to
+    vLLM's own world group: the trainer is not in it)."""
+    cls = registry().transport(name)
+    if name != CollectiveTransport.name:
+        return cls()
+    if state.group is not None:
+        return CollectiveTransport(group=state.group, src=0)
+    if worker.skyrl_glm_group_required:
+        raise TransportError("this worker has not joined the trainer's sync group (skyrl_glm_join_group)")
+    return cls()
+
+
 class LoraSyncWorkerExtension:
     """Methods mixed into vLLM's worker; each is reached as ``llm.collective_rpc("<method>", args=signed(...))``."""
 
-    def _skyrl_glm_receiver(self) -> AdapterReceiver:
-        if not hasattr(self, "_skyrl_glm_rx"):
-            device = getattr(self, "device", None) or torch.device("cpu")
-            self._skyrl_glm_rx = AdapterReceiver(device=device)
-        return self._skyrl_glm_rx
-
-    def _skyrl_glm_transport(self, name: str) -> Transport:
-        """The receiving end of transport ``name`` (a subclass hands a collective transport its group)."""
-        return registry().transport(name)()
-
-    def _skyrl_glm_staged_here(self) -> dict[str, int]:
-        """Staged name -> version, for what this worker staged in this run (the only names commit/discard take)."""
-        if not hasattr(self, "_skyrl_glm_names"):
-            self._skyrl_glm_names: dict[str, int] = {}
-        return self._skyrl_glm_names
-
-    def _skyrl_glm_serving(self) -> str | None:
-        version = self._skyrl_glm_receiver().version
-        return next((n for n, v in self._skyrl_glm_staged_here().items() if v == version), None)
+    skyrl_glm_group_required = False  # a collective transport needs the group of skyrl_glm_join_group
 
     def skyrl_glm_receive(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Receive and verify one update, then stage it. Never raises: a refusal is returned with its reason."""
@@ -69,11 +102,12 @@ class LoraSyncWorkerExtension:
             check = more[0] if more else True
             if not isinstance(transport, str) or not isinstance(check, bool):
                 raise ControlRefused("skyrl_glm_receive: transport must be a string and verify a boolean")
-            tx = self._skyrl_glm_transport(transport)
-            adapter = self._skyrl_glm_receiver().receive(manifest_json, handle, tx, verify=check)
+            state = receiver_state(self)
+            tx = receiving_transport(self, state, transport)
+            adapter = state.receiver.receive(manifest_json, handle, tx, verify=check)
             name = staged_name(adapter.lora_name, adapter.version)
             stage_in_memory_adapter(name, adapter.tensors, adapter.adapter_config)
-            self._skyrl_glm_staged_here()[name] = adapter.version
+            state.staged[name] = adapter.version
         except ControlRefused as e:
             return {"ok": False, "reason": f"control call refused: {e}"}
         except UpdateRejected as e:
@@ -86,15 +120,16 @@ class LoraSyncWorkerExtension:
         """Record ``version`` (one this worker staged, newer than the serving one) as serving and drop the staged
         adapters not in ``keep`` (names this worker staged); returns what stays staged."""
         version, keep = verify("skyrl_glm_commit", args, kwargs, (2, 2))
-        mine = self._skyrl_glm_staged_here()
+        state = receiver_state(self)
+        mine = state.staged
         if not _is_int(version) or version not in mine.values():
             raise ControlRefused(f"skyrl_glm_commit: version {version!r:.40} was not staged by this worker")
-        serving = self._skyrl_glm_receiver().version
+        serving = state.receiver.version
         if serving is not None and version <= serving:
             raise ControlRefused(f"skyrl_glm_commit: version {version} is not newer than the serving {serving}")
         if not isinstance(keep, list) or any(not isinstance(n, str) or n not in mine for n in keep):
             raise ControlRefused("skyrl_glm_commit: keep must list names this worker staged")
-        self._skyrl_glm_receiver().commit(version)
+        state.receiver.commit(version)
         for name in [n for n in mine if n not in keep]:
             discard_in_memory_adapter(name)
             del mine[name]
@@ -103,15 +138,15 @@ class LoraSyncWorkerExtension:
     def skyrl_glm_discard(self, *args: Any, **kwargs: Any) -> bool:
         """Drop a staged adapter this worker staged that is not the serving one."""
         (name,) = verify("skyrl_glm_discard", args, kwargs, (1, 1))
-        mine = self._skyrl_glm_staged_here()
-        if not isinstance(name, str) or name not in mine:
+        state = receiver_state(self)
+        if not isinstance(name, str) or name not in state.staged:
             raise ControlRefused(f"skyrl_glm_discard: {name!r:.80} was not staged by this worker")
-        if name == self._skyrl_glm_serving():
+        if name == state.serving:
             raise ControlRefused(f"skyrl_glm_discard: {name!r} is serving")
-        del mine[name]
+        del state.staged[name]
         return discard_in_memory_adapter(name)
 
     def skyrl_glm_staged(self, *args: Any, **kwargs: Any) -> list[str]:
         """Names of the adapters this worker staged and still holds (read only)."""
         verify("skyrl_glm_staged", args, kwargs, (0, 0))
-        return sorted(self._skyrl_glm_staged_here())
+        return sorted(receiver_state(self).staged)
