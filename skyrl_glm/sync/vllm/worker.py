@@ -22,6 +22,7 @@ from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import (
 )
 
 from skyrl_glm.plugins import registry
+from skyrl_glm.sync.expert_layout import layout_of
 from skyrl_glm.sync.manifest import MAX_MANIFEST_BYTES
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports.base import Transport
@@ -43,7 +44,8 @@ class LoraSyncWorkerExtension:
     def _skyrl_glm_receiver(self) -> AdapterReceiver:
         if not hasattr(self, "_skyrl_glm_rx"):
             device = getattr(self, "device", None) or torch.device("cpu")
-            self._skyrl_glm_rx = AdapterReceiver(device=device)
+            lora_config = getattr(getattr(self, "vllm_config", None), "lora_config", None)
+            self._skyrl_glm_rx = AdapterReceiver(device=device, layout=layout_of(lora_config))
         return self._skyrl_glm_rx
 
     def _skyrl_glm_transport(self, name: str) -> Transport:
