@@ -105,12 +105,28 @@ def full_width_model(directory: Path, layers: int) -> Path:
     return directory
 
 
-def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dict[str, Any]:
-    """In-memory (CUDA IPC) vs disk updates of a full-width GLM-5.3 adapter on one GPU engine, each timed to the
-    first request served on it."""
+def publish_to_first_request(
+    sampler: Any, publisher: Any, adapter: Any, config: dict[str, Any], version: int
+) -> tuple[Any, float, float]:
+    """One update on a GPU engine, timed to the end of the first request served on it: ``(result, seconds to the
+    end of the publish, seconds to the end of that request)``; a rejected update raises."""
     import torch
     from vllm import SamplingParams
 
+    first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    result = publisher.publish(adapter, config, version)
+    if not result.ok:
+        raise RuntimeError(f"update {version} was rejected: {result.reason}")
+    t1 = time.perf_counter()
+    sampler.llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], first, lora_request=sampler.adapter, use_tqdm=False)
+    return result, t1 - t0, time.perf_counter() - t0
+
+
+def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dict[str, Any]:
+    """In-memory (CUDA IPC) vs disk updates of a full-width GLM-5.3 adapter on one GPU engine, each timed to the
+    first request served on it."""
     from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
     from skyrl_glm.check.scorers import _engine_lora_rank
     from skyrl_glm.lora.bridge import adapter_config
@@ -122,7 +138,6 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
     unique = {k: v.to("cuda") for k, v in syn.unique.items()}
     adapter = {name: unique[key] for name, key in syn.names.items()}
     config = adapter_config(rank, 2 * rank, syn.targets)
-    first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     runs: dict[str, list[dict[str, float]]] = {"memory": [], "disk": []}
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-load-") as tmp:
         model_dir = full_width_model(Path(tmp) / "model", layers)
@@ -147,17 +162,10 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
             for _ in range(warmup + rounds):
                 for path, publisher in publishers.items():
                     version += 1
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    result = publisher.publish(adapter, config, version)
-                    if not result.ok:
-                        raise RuntimeError(f"{path} update {version} was rejected: {result.reason}")
-                    sampler.llm.generate(
-                        [{"prompt_token_ids": [1, 2, 3, 4]}], first, lora_request=sampler.adapter, use_tqdm=False
-                    )
+                    result, _, to_first = publish_to_first_request(sampler, publisher, adapter, config, version)
                     t = result.timings
                     row = _memory_row(t) if path == "memory" else {k: t[k] for k in STAGES["disk"]}
-                    row["first_request_s"] = time.perf_counter() - t0
+                    row["first_request_s"] = to_first
                     runs[path].append(row)
         finally:
             transport.release()

@@ -100,13 +100,11 @@ def _updates(
     sampler: Any, adapters: dict[int, Any], rank: int, rounds: int, warmup: int, version: int
 ) -> tuple[dict, int]:
     """Per layer count: every timed update's stages (the first ``warmup`` dropped); ``version``: the last one used."""
-    from vllm import SamplingParams
-
+    from skyrl_glm.bench.load import publish_to_first_request
     from skyrl_glm.lora.bridge import adapter_config
     from skyrl_glm.plugins import registry
     from skyrl_glm.sync.publisher import InMemoryPublisher
 
-    first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     transport = registry().transport("ipc")()
     publisher = InMemoryPublisher(sampler, transport, shared_storage=True)
     rows: dict[int, list[dict[str, float]]] = {}
@@ -116,23 +114,15 @@ def _updates(
             rows[layers] = []
             for i in range(warmup + rounds):
                 version += 1
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                result = publisher.publish(tensors, config, version)
-                if not result.ok:
-                    raise RuntimeError(f"update {version} ({layers} MoE layers) was rejected: {result.reason}")
-                t1 = time.perf_counter()
-                prompt = [{"prompt_token_ids": [1, 2, 3, 4]}]
-                sampler.llm.generate(prompt, first, lora_request=sampler.adapter, use_tqdm=False)
-                t2 = time.perf_counter()
+                result, published, to_first = publish_to_first_request(sampler, publisher, tensors, config, version)
                 if i >= warmup:
                     t = result.timings
                     rows[layers].append(
                         {
                             "receive_s": t["receive_rpc_s"],
                             "load_s": t["load_s"],
-                            "request_s": t2 - t1,
-                            "to_first_request_s": t2 - t0,
+                            "request_s": to_first - published,
+                            "to_first_request_s": to_first,
                         }
                     )
     finally:
