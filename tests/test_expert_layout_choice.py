@@ -80,6 +80,7 @@ def test_a_layout_the_run_cannot_serve_is_one_line(capsys, recipe: str, override
         (["check-matrix", "--expert-layout", "stacked-3d"], "vLLM's CPU build serves no routed-expert LoRA"),
         (["check-matrix", "--seeds", "3-x"], "--seeds '3-x': give comma-separated integers"),
         (["check", "--group-margin", "nan"], "group_margin"),
+        (["check", "--fault", "drop-experts"], "--fault drop-experts needs a routed_expert LoRA target"),
     ],
 )
 def test_the_check_refuses_a_layout_before_any_engine(capsys, argv: list[str], says: str) -> None:

@@ -161,6 +161,8 @@ class Fault:
     sampler: Callable[[Any], Any] | None = None
     in_skyrl: bool = False
     """Also injectable into a SkyRL run's memory sync (``skyrl_glm.sync.fault``)."""
+    needs: str | None = None
+    """The target kind the adapter must hold for the fault to apply (checked before any engine starts)."""
 
 
 # The one table of faults. drop-aliases fails at step 4: the receiver itself rejects the update, whose
@@ -171,8 +173,8 @@ FAULT_TABLE: dict[str, Fault] = {
     "double-scale": Fault(5, publisher=DoubleScale),
     "wrong-target": Fault(5, publisher=WrongTarget),
     "prefill-only": Fault(5, sampler=PrefillOnlySampler),
-    "drop-experts": Fault(5, publisher=drop_experts),
-    "drop-shared-experts": Fault(5, publisher=drop_shared_experts),
+    "drop-experts": Fault(5, publisher=drop_experts, needs="routed_expert"),
+    "drop-shared-experts": Fault(5, publisher=drop_shared_experts, needs="shared_expert"),
 }
 NO_FAULT = "none"
 FAULTS = (NO_FAULT, *FAULT_TABLE)

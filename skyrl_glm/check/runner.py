@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, run_check
-from skyrl_glm.check.faults import FAULTS, NO_FAULT, inject
+from skyrl_glm.check.faults import FAULT_TABLE, FAULTS, NO_FAULT, inject
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.scorers import require_vllm
 from skyrl_glm.checkpoint import read_config, vocab_size
@@ -126,7 +126,11 @@ def prepare(options: CheckOptions) -> CheckPlan:
         sampler=sampler_backend(options.device, skyrl_worker=options.sampler == "vllm-skyrl"),
         allow_unsupported=options.allow_unsupported_targets,
     )
-    check_expert_layout(options.expert_layout, options.device, [family.lora.target(t).kind for t in targets])
+    kinds = [family.lora.target(t).kind for t in targets]
+    check_expert_layout(options.expert_layout, options.device, kinds)
+    needs = FAULT_TABLE[options.fault].needs if options.fault in FAULT_TABLE else None
+    if needs is not None and needs not in kinds:
+        raise UsageError(f"--fault {options.fault} needs a {needs} LoRA target; these targets hold none")
     vocab = family.tiny_vocab_size if config is None else vocab_size(config, model_dir)
     return CheckPlan(family, model_dir, targets, trainer_factory, sampler_factory, transport_class, vocab)
 
