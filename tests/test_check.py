@@ -111,7 +111,7 @@ def test_undetectable_perturbation_is_never_a_pass(glm45_trainer, glm45_sampler,
     assert report.first_failure.step == 2
 
 
-SEEDS = range(8)
+SEEDS = range(6)
 
 
 def _seeded_check(trainer, sampler, publisher, versions, seed):

@@ -7,7 +7,8 @@ rank-``--rank`` Megatron-Bridge-shaped adapters (one adapter per layer shared by
 on the new version. Per update: ``receive_s`` (the worker RPC: transfer, verify, build the layout), ``load_s``
 (``add_lora`` and the swap), ``request_s`` (the first request alone) and ``to_first_request_s`` (from the publish to
 its end). Each stage is fitted by least squares against the layer count (slope, intercept and residuals shown) and
-read at GLM-5.3's 75 MoE layers.
+read at GLM-5.3's 75 MoE layers. (The engine holds the largest count, so a smaller adapter leaves some layers' slots
+to be zeroed when vLLM activates it: a memset, left out of the slope.)
 
 LoRA-slot memory is read from the engine: the bytes of the slot tensors vLLM allocated at start for ``max_loras``
 adapters (:class:`SlotReport`, read-only), per resident adapter, routed experts apart; at 75 layers each part is
