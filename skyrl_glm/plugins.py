@@ -36,16 +36,27 @@ Ref = Any
 
 
 class TrainerFactory(Protocol):
-    """Builds the check's trainer side for one checkpoint (see :class:`~skyrl_glm.check.algorithm.TrainerScorer`)."""
+    """Builds the check's trainer side for one checkpoint (see :class:`~skyrl_glm.check.algorithm.TrainerScorer`):
+    its LoRA A drawn from ``seed``; with ``shared_experts`` one adapter for all routed experts of a layer."""
 
     def __call__(
-        self, model_dir: Path, *, family: ModelFamily, targets: Sequence[str], rank: int, alpha: int, device: str
+        self,
+        model_dir: Path,
+        *,
+        family: ModelFamily,
+        targets: Sequence[str],
+        rank: int,
+        alpha: int,
+        device: str,
+        seed: int,
+        shared_experts: bool,
     ) -> TrainerScorer: ...
 
 
 class SamplerFactory(Protocol):
     """Builds the check's sampler side for one checkpoint (see :class:`~skyrl_glm.check.algorithm.SamplerScorer`).
-    ``allow_unsupported``: serve LoRA targets the sampler is known to ignore (to prove the check catches them)."""
+    ``allow_unsupported``: serve LoRA targets the sampler is known to ignore (to prove the check catches them);
+    ``expert_layout``: how the engine takes routed-expert LoRA (:mod:`skyrl_glm.sync.expert_layout`)."""
 
     def __call__(
         self,
@@ -56,6 +67,7 @@ class SamplerFactory(Protocol):
         rank: int,
         device: str,
         allow_unsupported: bool,
+        expert_layout: str,
     ) -> SamplerScorer: ...
 
 

@@ -158,6 +158,14 @@ SEAMS: tuple[Seam, ...] = (
         "skyrl_glm/sync/routing/plan.py",
         "the routing plan gives each expert-parallel vLLM rank the contiguous expert block this method slices",
     ),
+    Seam(
+        "vllm.lora.worker_manager:WorkerLoRAManager",
+        "_adapter_manager",
+        "assigned",
+        VLLM,
+        "skyrl_glm/bench/load_layouts.py",
+        "bench load reads the LoRA slot tensors vLLM allocated (its LoRAModelManager's modules) to measure their bytes",
+    ),
     # -- added with the GPU sampler, the per-run ports and the sync group ----------------------------------
     Seam(
         "skyrl.backends.skyrl_train.patches.vllm.patch_glm5next_lora_packing",

@@ -59,8 +59,9 @@ def versions() -> Versions:
 
 @pytest.fixture
 def glm45_trainer(glm45_dir):
-    from skyrl_glm.check.trainer_hf import HfPeftTrainer
+    from skyrl_glm.check.scorers import hf_trainer
     from skyrl_glm.plugins import registry
 
-    targets = registry().model("glm-4.5").lora.resolve(sampler="vllm-cpu")
-    return HfPeftTrainer(str(glm45_dir), targets=targets, rank=8, alpha=16)
+    family = registry().model("glm-4.5")
+    targets = family.lora.resolve(sampler="vllm-cpu")
+    return hf_trainer(glm45_dir, family=family, targets=targets, rank=8, alpha=16, device="cpu")

@@ -111,6 +111,72 @@ def test_undetectable_perturbation_is_never_a_pass(glm45_trainer, glm45_sampler,
     assert report.first_failure.step == 2
 
 
+SEEDS = range(6)
+
+
+def _seeded_check(trainer, sampler, publisher, versions, seed):
+    """One check as ``check-matrix --seeds`` runs it on shared sides: B zeroed, A, probes and noise from ``seed``."""
+    trainer.reset_lora_b()
+    trainer.seed_lora_a(seed)
+    config = CheckConfig(first_version=versions.next(2), seed=seed)
+    return run_check(trainer, sampler, publisher, make_probes(512, seed=seed), config)
+
+
+def test_drop_shared_experts_fails_on_every_seed(glm45_trainer, glm45_sampler, versions):
+    # The CPU analogue of drop-experts: vLLM's CPU build serves the shared expert's LoRA, not the routed experts'.
+    groups = glm45_trainer.lora_groups()
+    assert {"attention", "shared_expert", "dense_mlp"} <= set(groups)
+    for seed in SEEDS:
+        publisher, sampler = inject(
+            "drop-shared-experts", InMemoryPublisher(glm45_sampler, SharedMemoryTransport()), glm45_sampler
+        )
+        report = _seeded_check(glm45_trainer, sampler, publisher, versions, seed)
+        assert report.first_failure is not None and report.first_failure.step == 5, (seed, report.first_failure)
+        three = report.steps[2]
+        assert all(three.extra[f"alone[{g}]"] > CheckConfig().group_bound for g in groups), three.extra
+        assert report.steps[4].prefill.mean > CheckConfig().mean_tol
+
+
+def test_drop_experts_needs_routed_expert_lora(glm45_trainer, glm45_sampler, versions):
+    publisher, sampler = inject(
+        "drop-experts", InMemoryPublisher(glm45_sampler, SharedMemoryTransport()), glm45_sampler
+    )
+    with pytest.raises(FaultNotApplicable, match="drop-experts needs an adapter with experts LoRA"):
+        _seeded_check(glm45_trainer, sampler, publisher, versions, 0)
+
+
+def test_a_seeded_check_gives_the_same_figures_twice(glm45_dir, glm45_sampler, versions):
+    from skyrl_glm.check.scorers import hf_trainer
+    from skyrl_glm.plugins import registry
+
+    family = registry().model("glm-4.5")
+    figures = []
+    for global_seed in (1, 2):  # PEFT draws lora_A from the global RNG: it differs between the two runs
+        torch.manual_seed(global_seed)
+        trainer = hf_trainer(
+            glm45_dir,
+            family=family,
+            targets=family.lora.resolve(sampler="vllm-cpu"),
+            rank=8,
+            alpha=16,
+            device="cpu",
+            seed=3,
+        )
+        report = run_check(
+            trainer,
+            glm45_sampler,
+            InMemoryPublisher(glm45_sampler, SharedMemoryTransport()),
+            make_probes(512, seed=3),
+            CheckConfig(first_version=versions.next(2), seed=3),
+        )
+        assert report.passed, report.first_failure
+        figures.append([(s.step, s.prefill and (s.prefill.mean, s.prefill.max), s.extra) for s in report.steps])
+    steps_2_3 = [[f for f in run if f[0] in (2, 3)] for run in figures]
+    assert steps_2_3[0] == steps_2_3[1]
+    means = [[f[1] for f in run if f[0] in (1, 5)] for run in figures]
+    assert means[0] == means[1]
+
+
 def test_perturbation_requires_zero_b(glm45_trainer):
     glm45_trainer.perturb_lora_b(0.1)
     with pytest.raises(AssertionError, match="not zero"):

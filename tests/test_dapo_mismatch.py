@@ -17,7 +17,7 @@ def _log(handler: CallbackHandler, trainer, step: int, logs: dict) -> None:
 
 
 def test_mismatch_numbers_of_each_step_kept_others_not():
-    trainer = SimpleNamespace(summary=RunSummary("memory"))
+    trainer = SimpleNamespace(summary=RunSummary("memory", "per-expert"))
     handler = CallbackHandler([MismatchMetrics()])
     _log(handler, trainer, 0, {"eval/all/avg_score": -1.0})  # the eval before training: nothing to keep
     _log(handler, trainer, 1, {

@@ -83,6 +83,7 @@ def assert_quiet_with_outputs_named(proc: subprocess.CompletedProcess[str], tmp:
 
 def assert_trained_and_checked(summary: dict[str, Any], mode: str) -> None:
     assert summary["sync_mode"] == mode
+    assert summary["expert_layout"] == "per-expert"  # the recipe's, set as the engines' argument
     # one sync before step 1, one after each of the 2 steps
     assert len(summary["syncs"]) == 3, summary["syncs"]
     assert summary["check"]["passed"], summary["check"]

@@ -6,6 +6,8 @@
     run.py           the protocol: rounds per path, disk baseline, one or two processes; run_sync_bench
     report.py        stage medians, the rich table, the plot
     procs.py         free_port, the JSON control channels (TCPStore values split under its 8 MiB limit)
+    load.py          ``bench load``: vLLM's load stage, tiny (memory vs disk) or full width on a GPU
+    load_layouts.py  ``bench load --layouts``: the routed-expert serving layouts side by side, fit to 75 layers, slots
     roundtrip.py     transfer_roundtrip: one sync between two processes, rebuilt bit-exactly (transport tests)
     routing_run.py   run_routed_sync: EP sender ranks -> TP receiver ranks in processes (routing tests)
 

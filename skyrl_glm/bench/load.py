@@ -105,12 +105,28 @@ def full_width_model(directory: Path, layers: int) -> Path:
     return directory
 
 
-def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dict[str, Any]:
-    """In-memory (CUDA IPC) vs disk updates of a full-width GLM-5.3 adapter on one GPU engine, each timed to the
-    first request served on it."""
+def publish_to_first_request(
+    sampler: Any, publisher: Any, adapter: Any, config: dict[str, Any], version: int
+) -> tuple[Any, float, float]:
+    """One update on a GPU engine, timed to the end of the first request served on it: ``(result, seconds to the
+    end of the publish, seconds to the end of that request)``; a rejected update raises."""
     import torch
     from vllm import SamplingParams
 
+    first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    result = publisher.publish(adapter, config, version)
+    if not result.ok:
+        raise RuntimeError(f"update {version} was rejected: {result.reason}")
+    t1 = time.perf_counter()
+    sampler.llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], first, lora_request=sampler.adapter, use_tqdm=False)
+    return result, t1 - t0, time.perf_counter() - t0
+
+
+def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dict[str, Any]:
+    """In-memory (CUDA IPC) vs disk updates of a full-width GLM-5.3 adapter on one GPU engine, each timed to the
+    first request served on it."""
     from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
     from skyrl_glm.check.scorers import _engine_lora_rank
     from skyrl_glm.lora.bridge import adapter_config
@@ -122,7 +138,6 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
     unique = {k: v.to("cuda") for k, v in syn.unique.items()}
     adapter = {name: unique[key] for name, key in syn.names.items()}
     config = adapter_config(rank, 2 * rank, syn.targets)
-    first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     runs: dict[str, list[dict[str, float]]] = {"memory": [], "disk": []}
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-load-") as tmp:
         model_dir = full_width_model(Path(tmp) / "model", layers)
@@ -147,17 +162,10 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
             for _ in range(warmup + rounds):
                 for path, publisher in publishers.items():
                     version += 1
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    result = publisher.publish(adapter, config, version)
-                    if not result.ok:
-                        raise RuntimeError(f"{path} update {version} was rejected: {result.reason}")
-                    sampler.llm.generate(
-                        [{"prompt_token_ids": [1, 2, 3, 4]}], first, lora_request=sampler.adapter, use_tqdm=False
-                    )
+                    result, _, to_first = publish_to_first_request(sampler, publisher, adapter, config, version)
                     t = result.timings
                     row = _memory_row(t) if path == "memory" else {k: t[k] for k in STAGES["disk"]}
-                    row["first_request_s"] = time.perf_counter() - t0
+                    row["first_request_s"] = to_first
                     runs[path].append(row)
         finally:
             transport.release()
@@ -217,22 +225,65 @@ def print_load_report(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
+def _layer_counts(text: str) -> list[int]:
+    """``--layers``: one count, or several comma-separated (``2,4,6``), each >= 1."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--layers {text!r}: give MoE layer counts, comma-separated (2,4,6)") from None
+    if not counts:
+        raise UsageError("--layers needs at least one MoE layer count")
+    for count in counts:
+        positive_int("--layers", count)
+    return counts
+
+
+def _layouts(text: str | None) -> list[str] | None:
+    from skyrl_glm.sync.expert_layout import LAYOUTS
+
+    if text is None:
+        return None
+    chosen = [x for x in text.split(",") if x]
+    unknown = [x for x in chosen if x not in LAYOUTS]
+    if unknown or not chosen:
+        raise UsageError(f"--layouts {text!r}: choose from {','.join(LAYOUTS)}")
+    return chosen
+
+
 def _cmd_bench_load(args: argparse.Namespace) -> int:
     try:
         positive_int("--rounds", args.rounds)
         positive_int("--rank", args.rank)
-        positive_int("--layers", args.layers)
+        layers = _layer_counts(args.layers)
+        layouts = _layouts(args.layouts)
         check_device(args.device)
         if args.config == "full" and (args.device == "cpu" or args.model not in (None, "glm-5.3")):
             raise UsageError("--config full is a full-width GLM-5.3 on vLLM's GPU build: use --device cuda")
         if args.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
-        if args.json:
-            writable_file("--json", args.json)
+        if (layouts is not None or args.sync_json or args.plot) and args.config != "full":
+            raise UsageError("--layouts, --sync-json and --plot compare layouts at full width: add --config full")
+        if layouts is None and len(layers) > 1:
+            raise UsageError("several --layers counts are measured per layout: add --layouts")
+        if args.sync_json and not Path(args.sync_json).is_file():
+            raise UsageError(f"--sync-json {args.sync_json}: no such file (a bench sync --json report)")
+        for option, path in (("--json", args.json), ("--plot", args.plot)):
+            if path:
+                writable_file(option, path)
     except UsageError as e:
         return print_error(f"{PROG} bench load", e)
+    if layouts is not None:
+        from skyrl_glm.bench.load_layouts import plot_layout_report, print_layout_report, run_layout_bench
+
+        report = run_layout_bench(layers, layouts, args.rounds, args.warmup, args.rank, args.sync_json)
+        print_layout_report(report)
+        if args.plot:
+            plot_layout_report(report, args.plot)
+        if args.json:
+            strict_json.write(report, args.json, indent=1)
+        return 0
     if args.config == "full":
-        report = run_full_load_bench(args.layers, args.rounds, args.warmup, args.rank)
+        report = run_full_load_bench(layers[0], args.rounds, args.warmup, args.rank)
     else:
         report = run_load_bench(args.model or "glm-4.5", args.rounds, args.warmup, args.rank, args.device)
     print_load_report(report)
@@ -254,7 +305,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the engine's and the trainer's device)")
     p.add_argument("--config", default="tiny", choices=("tiny", "full"), help="full: full-width GLM-5.3 (GPU)")
-    p.add_argument("--layers", type=int, default=2, help="MoE layers of the full-width model")
+    p.add_argument("--layers", default="2", help="MoE layers of the full-width model; with --layouts several: 2,4,6")
+    p.add_argument(
+        "--layouts",
+        default=None,
+        help="full width: compare routed-expert layouts, one engine each (per-expert,stacked-3d,shared-outer)",
+    )
+    p.add_argument("--sync-json", default=None, help="a bench sync --json report: adds the end-to-end handoff rows")
+    p.add_argument("--plot", default=None, help="with --layouts: write the fit and slot-memory PNG here")
     p.add_argument("--rounds", type=int, default=5, help="timed updates per path (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed updates per path first")
     p.add_argument("--json", default=None, help="write the report as JSON")

@@ -23,11 +23,15 @@ if TYPE_CHECKING:
 
 
 class TrainerScorer(Protocol):
+    """``perturb_lora_b`` takes one scale for every lora_B, or a scale per target group (groups left out stay).
+    A trainer that also has ``lora_groups()`` (its groups: attention, dense MLP, shared expert, routed experts) and
+    ``reset_lora_b()`` gets a scale per group from the group's measured effect (:attr:`CheckConfig.group_margin`)."""
+
     lora_config: dict[str, Any]
 
     def adapter(self) -> Mapping[str, torch.Tensor]: ...
     def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
-    def perturb_lora_b(self, scale: float, seed: int = 0) -> int: ...
+    def perturb_lora_b(self, scale: float | Mapping[str, float], seed: int = 0) -> int: ...
 
 
 class SamplerScorer(Protocol):
@@ -40,6 +44,7 @@ class SamplerScorer(Protocol):
 # large already saturates every softmax.
 MAX_TOLERANCE = 10.0
 MAX_SCALE = 10.0
+CALIBRATION_ROUNDS = 4  # trainer scorings per target group to find its scale (tiny models: milliseconds each)
 
 
 @dataclass(frozen=True)
@@ -51,14 +56,23 @@ class CheckConfig:
     seed: int = 0
     decode: bool = True
     first_version: int = 1  # adapter versions used: first_version, first_version + 1 (must exceed the sampler's)
+    group_margin: float = 2.0
+    """Each target group of the trainer must on its own move the stale sampler by more than ``group_margin *
+    mean_tol`` (a sampler that drops one group then fails step 5): step 2 scales each group's perturbation from
+    its measured effect (aiming at 1.5 times that), step 3 checks it. 0: one ``scale`` for every lora_B."""
 
     def __post_init__(self) -> None:
         """Bounds are finite and in ``0..MAX_TOLERANCE``: every comparison with a NaN bound is false, so it would pass
         anything, and so would a huge one. The perturbation is ``> 0`` (step 3 needs one the stale sampler misses)."""
-        for name in ("mean_tol", "max_tol", "repeat_tol"):
+        for name in ("mean_tol", "max_tol", "repeat_tol", "group_margin"):
             tolerance(name, getattr(self, name), MAX_TOLERANCE)
         if not (math.isfinite(self.scale) and 0 < self.scale <= MAX_SCALE):
             raise UsageError(f"scale must be a number > 0 and <= {MAX_SCALE:g}, got {self.scale}")
+
+    @property
+    def group_bound(self) -> float:
+        """What one target group alone must move the stale sampler by (mean |dlogp|)."""
+        return self.group_margin * self.mean_tol
 
 
 @dataclass
@@ -159,6 +173,7 @@ class _FiveSteps:
     trainer_before: list[list[float]] = field(default_factory=list)
     sampler_before: list[list[float]] = field(default_factory=list)
     trainer_after: list[list[float]] = field(default_factory=list)
+    group_effects: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.report = CheckReport(self.cfg)
@@ -195,29 +210,70 @@ class _FiveSteps:
         self.record(result)
         return True
 
+    def effect_alone(self, group: str, scale: float) -> float:
+        """How far the stale sampler is from the trainer with only ``group`` perturbed (the sampler still serves
+        the initial adapter, so its step-1 scores stand for it); the trainer's B is zero again afterwards."""
+        self.trainer.perturb_lora_b({group: scale}, self.cfg.seed)
+        try:
+            return Diff.between(self.trainer.score(self.probes.sequences), self.sampler_before).mean
+        finally:
+            self.trainer.reset_lora_b()  # type: ignore[attr-defined]  # groups come with reset (see TrainerScorer)
+
+    def group_scales(self) -> dict[str, float]:
+        """A scale per target group, each from the group's measured effect: effects grow about linearly with the
+        scale, so each round rescales towards 1.5 times the group bound (past it, and no larger than needed: a
+        larger perturbation widens the bf16 sampler's gap in step 5); the last effect measured is kept for step 3."""
+        target = 1.5 * self.cfg.group_bound
+        scales = {}
+        for group in self.trainer.lora_groups():  # type: ignore[attr-defined]
+            scale = self.cfg.scale
+            for attempt in range(CALIBRATION_ROUNDS):
+                effect = self.effect_alone(group, scale)
+                if effect == 0 or not math.isfinite(effect) or self.cfg.group_bound < effect <= 2 * target:
+                    break
+                if attempt < CALIBRATION_ROUNDS - 1:
+                    scale *= target / effect
+            scales[group], self.group_effects[group] = scale, effect
+        return scales
+
     def perturb(self) -> None:
-        """Step 2: perturb only the trainer."""
+        """Step 2: perturb only the trainer (a scale per target group when the trainer names its groups)."""
         t0 = time.perf_counter()
-        changed = self.trainer.perturb_lora_b(self.cfg.scale, self.cfg.seed)
+        per_group = self.cfg.group_margin > 0 and hasattr(self.trainer, "lora_groups")
+        scales: float | dict[str, float] = self.group_scales() if per_group else self.cfg.scale
+        changed = self.trainer.perturb_lora_b(scales, self.cfg.seed)
         self.trainer_after = self.trainer.score(self.probes.sequences)
         moved = Diff.between(self.trainer_before, self.trainer_after)
         passed = changed > 0 and moved.nonfinite == 0 and moved.mean > 0
-        detail = f"{changed} lora_B tensors perturbed (scale {self.cfg.scale}); {moved.describe('trainer moved')}"
-        self.record(StepResult(2, "perturb trainer", passed, detail, time.perf_counter() - t0, moved))
+        shown = ", ".join(f"{g} {s:.3g}" for g, s in scales.items()) if isinstance(scales, dict) else f"{scales}"
+        detail = f"{changed} lora_B tensors perturbed (scale {shown}); {moved.describe('trainer moved')}"
+        extra = {f"scale[{g}]": s for g, s in scales.items()} if isinstance(scales, dict) else {}
+        self.record(StepResult(2, "perturb trainer", passed, detail, time.perf_counter() - t0, moved, extra=extra))
 
     def stale(self) -> None:
         """Step 3: the stale sampler must disagree, or the check cannot see a missing handoff."""
         t0 = time.perf_counter()
         stale = Diff.between(self.trainer_after, self.sampler.score(self.probes.sequences))
-        detectable = stale.nonfinite == 0 and stale.mean > self.cfg.mean_tol
+        bound = self.cfg.group_bound
+        weak = {g: e for g, e in self.group_effects.items() if not e > bound}
+        detectable = stale.nonfinite == 0 and stale.mean > self.cfg.mean_tol and not weak
         if stale.nonfinite:
             detail = stale.describe("stale sampler")
+        elif weak:
+            shown = ", ".join(f"{g} {e:.4g}" for g, e in weak.items())
+            detail = f"a dropped group would NOT be detectable: alone, {shown} <= {bound:.4g} (raise the scale)"
         elif detectable:
             detail = f"stale sampler disagrees: mean {stale.mean:.4g} > {self.cfg.mean_tol}"
+            if self.group_effects:
+                shown = ", ".join(f"{g} {e:.3g}" for g, e in self.group_effects.items())
+                detail += f"; each group alone > {bound:.3g} ({shown})"
         else:
             detail = f"perturbation NOT detectable: mean {stale.mean:.4g} <= {self.cfg.mean_tol} (raise the scale)"
         dec = decode_diff(self.trainer, self.sampler, self.probes) if self.cfg.decode else None
-        self.record(StepResult(3, "stale must disagree", detectable, detail, time.perf_counter() - t0, stale, dec))
+        extra = {f"alone[{g}]": e for g, e in self.group_effects.items()}
+        self.record(
+            StepResult(3, "stale must disagree", detectable, detail, time.perf_counter() - t0, stale, dec, extra)
+        )
 
     def publish(self) -> None:
         """Step 4: publish through the real sync path."""

@@ -12,6 +12,7 @@ from skyrl_glm.check.faults import FAULTS, NO_FAULT
 from skyrl_glm.check.report import plot, print_table, write_json
 from skyrl_glm.check.runner import CheckOptions, run, transport_choices
 from skyrl_glm.plugins import registry
+from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
 from skyrl_glm.usage import name_list, writable_file
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=CheckConfig.repeat_tol,
         help="sampler repeat-score tolerance (the same sequence scored twice, alone: exact on vLLM CPU and GPU)",
     )
+    p.add_argument(
+        "--group-margin",
+        type=float,
+        default=CheckConfig.group_margin,
+        help="each target group alone must move the stale sampler by > this x mean-tol (0: one scale for all)",
+    )
+    p.add_argument(
+        "--expert-layout",
+        default=PER_EXPERT,
+        choices=LAYOUTS,
+        help="how the engine takes routed-expert LoRA (shared-outer trains one adapter per layer)",
+    )
     p.add_argument("--no-decode", action="store_true", help="score the prefill path only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report as JSON here")
@@ -69,6 +82,7 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
         rank=args.rank,
         alpha=args.alpha,
         device=args.device,
+        expert_layout=args.expert_layout,
         config=CheckConfig(
             repeat_tol=args.repeat_tol,
             mean_tol=args.mean_tol,
@@ -76,6 +90,7 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
             scale=args.scale,
             seed=args.seed,
             decode=not args.no_decode,
+            group_margin=args.group_margin,
         ),
     )
 

@@ -72,6 +72,32 @@ class DropAliases(_BreaksUpdates):
         return self.inner.send(plan)
 
 
+class DropGroup(_BreaksUpdates):
+    """Publishes every tensor but one target group's (names holding ``marker``): the sampler serves everything but
+    that group, as a loader that silently skips it would."""
+
+    def __init__(self, inner: Any, marker: str, label: str) -> None:
+        super().__init__(inner)
+        self.marker, self.label = marker, label
+
+    def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        kept = {k: v for k, v in dict(adapter).items() if self.marker not in k}
+        if len(kept) == len(adapter):
+            raise FaultNotApplicable(f"drop-{self.label} needs an adapter with {self.label} LoRA; this one has none")
+        return self.inner.publish(kept, adapter_config, version)
+
+
+def drop_experts(inner: Any) -> DropGroup:
+    """The routed experts dropped (the per-expert names vLLM loads hold ``.mlp.experts.``)."""
+    return DropGroup(inner, ".mlp.experts.", "experts")
+
+
+def drop_shared_experts(inner: Any) -> DropGroup:
+    """The shared expert dropped: the CPU sampler's analogue of drop-experts (vLLM's CPU build serves no routed
+    expert LoRA, but it serves the shared expert's)."""
+    return DropGroup(inner, ".shared_experts.", "shared-experts")
+
+
 class DoubleScale:
     """Scales lora_B by alpha/r before the plan folds it again: the upstream aliasing bug's symptom."""
 
@@ -135,6 +161,8 @@ class Fault:
     sampler: Callable[[Any], Any] | None = None
     in_skyrl: bool = False
     """Also injectable into a SkyRL run's memory sync (``skyrl_glm.sync.fault``)."""
+    needs: str | None = None
+    """The target kind the adapter must hold for the fault to apply (checked before any engine starts)."""
 
 
 # The one table of faults. drop-aliases fails at step 4: the receiver itself rejects the update, whose
@@ -145,6 +173,8 @@ FAULT_TABLE: dict[str, Fault] = {
     "double-scale": Fault(5, publisher=DoubleScale),
     "wrong-target": Fault(5, publisher=WrongTarget),
     "prefill-only": Fault(5, sampler=PrefillOnlySampler),
+    "drop-experts": Fault(5, publisher=drop_experts, needs="routed_expert"),
+    "drop-shared-experts": Fault(5, publisher=drop_shared_experts, needs="shared_expert"),
 }
 NO_FAULT = "none"
 FAULTS = (NO_FAULT, *FAULT_TABLE)

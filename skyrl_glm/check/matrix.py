@@ -10,7 +10,9 @@ with ``fault none`` a check must PASS, with a fault it must FAIL at the step the
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import re
 import tempfile
 import time
 from dataclasses import replace
@@ -26,7 +28,10 @@ from skyrl_glm.check.probes import make_probes
 from skyrl_glm.check.report import to_dict
 from skyrl_glm.check.runner import CheckOptions, build_publisher, build_sides, prepare, tiny_model_dir
 from skyrl_glm.provenance import provenance
-from skyrl_glm.usage import UsageError
+from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
+from skyrl_glm.usage import UsageError, name_list
+
+MAX_SEEDS = 256  # checks per (transport, fault): a few seconds each on one engine
 
 console = Console()
 
@@ -40,8 +45,11 @@ def outcome(report: Any) -> str:
     return "PASS" if report.passed else f"FAIL at step {failure.step if failure else len(report.steps) + 1}"
 
 
-def run_matrix(options: CheckOptions, transports: list[str], faults: list[str]) -> dict[str, Any]:
-    """Validate every pair first (no engine starts for a bad one), then run them on shared sides."""
+def run_matrix(
+    options: CheckOptions, transports: list[str], faults: list[str], seeds: list[int] | None = None
+) -> dict[str, Any]:
+    """Validate every pair first (no engine starts for a bad one), then run them on shared sides, once per seed
+    (the seed draws the probes, the trainer's LoRA A and its perturbation)."""
     for fault in faults:
         if fault not in FAULTS:
             raise UsageError(f"unknown fault {fault!r}; choose from {FAULTS}")
@@ -52,34 +60,42 @@ def run_matrix(options: CheckOptions, transports: list[str], faults: list[str]) 
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-matrix-") as tmp:
         workdir = Path(options.workdir or tmp)
         model_dir = plan.model_dir or tiny_model_dir(plan.family, workdir)[0]
-        probes = make_probes(plan.vocab_size, seed=options.config.seed)
-        trainer, sampler, stop = build_sides(options, plan, model_dir, probes)
+        seeds = seeds or [options.config.seed]
+        trainer, sampler, stop = build_sides(options, plan, model_dir, make_probes(plan.vocab_size, seed=seeds[0]))
         setup_s = time.perf_counter() - t0
         version = 1
         try:
-            for transport in transports:
-                for fault in faults:
-                    trainer.reset_lora_b()
-                    publisher, faulty, release = build_publisher(
-                        plans[transport].transport_class, fault, sampler, workdir / f"{transport}-{fault}"
-                    )
-                    config = replace(options.config, first_version=version)
-                    row: dict[str, Any] = {"transport": transport, "fault": fault, "expected": expected(fault)}
-                    try:
-                        report = run_check(trainer, faulty, publisher, probes, config)
-                    except FaultNotApplicable as e:  # e.g. no shared tensors to drop: not a verdict either way
-                        row.update(outcome="n/a", note=str(e), as_expected=True, report=None)
-                    else:
-                        row["outcome"] = outcome(report)
-                        row.update(as_expected=row["outcome"] == row["expected"], report=to_dict(report))
-                    finally:
-                        for step in release:
-                            step()
-                    version += 2
-                    results.append(row)
-                    console.log(
-                        f"{transport} / {fault}: {row['outcome']} (expected {row['expected']}) {row.get('note', '')}"
-                    )
+            for seed, transport, fault in itertools.product(seeds, transports, faults):
+                probes = make_probes(plan.vocab_size, seed=seed)
+                trainer.reset_lora_b()
+                if hasattr(trainer, "seed_lora_a"):
+                    trainer.seed_lora_a(seed)
+                publisher, faulty, release = build_publisher(
+                    plans[transport].transport_class, fault, sampler, workdir / f"{transport}-{fault}"
+                )
+                config = replace(options.config, first_version=version, seed=seed)
+                row: dict[str, Any] = {
+                    "transport": transport,
+                    "fault": fault,
+                    "seed": seed,
+                    "expected": expected(fault),
+                }
+                try:
+                    report = run_check(trainer, faulty, publisher, probes, config)
+                except FaultNotApplicable as e:  # e.g. no shared tensors to drop: not a verdict either way
+                    row.update(outcome="n/a", note=str(e), as_expected=True, report=None)
+                else:
+                    row["outcome"] = outcome(report)
+                    row.update(as_expected=row["outcome"] == row["expected"], report=to_dict(report))
+                finally:
+                    for step in release:
+                        step()
+                version += 2
+                results.append(row)
+                console.log(
+                    f"{transport} / {fault} / seed {seed}: {row['outcome']} (expected {row['expected']}) "
+                    f"{row.get('note', '')}"
+                )
         finally:
             for step in stop:
                 step()
@@ -89,6 +105,8 @@ def run_matrix(options: CheckOptions, transports: list[str], faults: list[str]) 
         "device": options.device,
         "sampler": options.sampler,
         "lora_targets": sorted(trainer.lora_config.get("target_modules") or []),
+        "expert_layout": options.expert_layout,
+        "seeds": seeds,
         "setup_s": setup_s,
         "total_s": time.perf_counter() - t0,
         "all_as_expected": all(r["as_expected"] for r in results),
@@ -99,16 +117,21 @@ def run_matrix(options: CheckOptions, transports: list[str], faults: list[str]) 
 
 def print_matrix(result: dict[str, Any]) -> None:
     table = Table(title=f"handoff checks: {result['model']} on {result['device']}")
-    for col in ("transport", "fault", "expected", "outcome", "step 5 prefill mean", "publish s", "verdict"):
+    columns = ("transport", "fault", "seed", "expected", "outcome", "weakest group alone", "step 5 prefill mean")
+    for col in (*columns, "publish s", "verdict"):
         table.add_column(col)
     for r in result["checks"]:
-        steps = r["report"]["steps"] if r["report"] else []
-        five = next((s for s in steps if s["step"] == 5), None)
-        four = next((s for s in steps if s["step"] == 4), None)
+        steps = {s["step"]: s for s in (r["report"]["steps"] if r["report"] else [])}
+        five, four, three = steps.get(5), steps.get(4), steps.get(3)
         mean = f"{five['prefill']['mean']:.4g}" if five and five.get("prefill") else "-"
         secs = f"{four['seconds']:.3f}" if four else "-"
+        alone = {k: v for k, v in (three or {}).get("extra", {}).items() if k.startswith("alone[")}
+        weakest = min(alone, key=alone.__getitem__, default=None)
+        shown = f"{weakest[6:-1]} {alone[weakest]:.3g}" if weakest else "-"
         verdict = "ok" if r["as_expected"] else "WRONG"
-        table.add_row(r["transport"], r["fault"], r["expected"], r["outcome"], mean, secs, verdict)
+        table.add_row(
+            r["transport"], r["fault"], str(r["seed"]), r["expected"], r["outcome"], shown, mean, secs, verdict
+        )
     console.print(table)
 
 
@@ -123,8 +146,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--transports", default="cpu", help="comma-separated: registered transports and disk")
     p.add_argument("--faults", default="none,no-publish,double-scale,drop-aliases", help="comma-separated")
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds or a range a-b: every check once per seed")
+    p.add_argument("--lora-targets", default=None, help="LoRA targets, comma-separated (as for check)")
+    p.add_argument("--expert-layout", default=PER_EXPERT, choices=LAYOUTS, help="the engine's routed-expert layout")
     p.add_argument("--json", default=None)
     p.set_defaults(func=main)
+
+
+def seed_list(text: str) -> list[int]:
+    """``0,3,7`` or ``0-19`` (both ends included), or one line saying what is wrong."""
+    try:
+        if re.fullmatch(r"\d+-\d+", text):
+            first, last = map(int, text.split("-"))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--seeds {text!r}: give comma-separated integers or a range like 0-19") from None
+    if not seeds or len(seeds) > MAX_SEEDS or min(seeds) < 0:
+        raise UsageError(f"--seeds {text!r}: give 1 to {MAX_SEEDS} seeds >= 0")
+    return seeds
 
 
 def main(args: argparse.Namespace) -> int:
@@ -132,12 +173,19 @@ def main(args: argparse.Namespace) -> int:
 
     if args.json:
         writable_file("--json", args.json)
-    options = CheckOptions(model=args.model, device=args.device, sampler=args.sampler, rank=args.rank)
+    options = CheckOptions(
+        model=args.model,
+        device=args.device,
+        sampler=args.sampler,
+        rank=args.rank,
+        lora_targets=name_list("--lora-targets", args.lora_targets),
+        expert_layout=args.expert_layout,
+    )
     transports = [t for t in args.transports.split(",") if t]
     faults = [f for f in args.faults.split(",") if f]
     if not transports or not faults:
         raise UsageError("--transports and --faults each need at least one name")
-    result = run_matrix(options, transports, faults)
+    result = run_matrix(options, transports, faults, seed_list(args.seeds))
     print_matrix(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, run_check
-from skyrl_glm.check.faults import FAULTS, NO_FAULT, inject
+from skyrl_glm.check.faults import FAULT_TABLE, FAULTS, NO_FAULT, inject
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.scorers import require_vllm
 from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
 from skyrl_glm.plugins import registry
+from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, SHARED_OUTER
 from skyrl_glm.usage import UsageError, positive_int
 
 DEFAULT_MODEL = "glm-4.5"
@@ -49,6 +50,9 @@ class CheckOptions:
     device: str = "cpu"
     workdir: str | None = None
     config: CheckConfig = field(default_factory=CheckConfig)
+    expert_layout: str = PER_EXPERT
+    """How the engine takes the routed experts' LoRA (:mod:`skyrl_glm.sync.expert_layout`); ``shared-outer``
+    trains one adapter per layer for all its experts (the adapter that layout serves)."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,28 @@ def prepare(options: CheckOptions) -> CheckPlan:
         sampler=sampler_backend(options.device, skyrl_worker=options.sampler == "vllm-skyrl"),
         allow_unsupported=options.allow_unsupported_targets,
     )
+    kinds = [family.lora.target(t).kind for t in targets]
+    check_expert_layout(options.expert_layout, options.device, kinds)
+    needs = FAULT_TABLE[options.fault].needs if options.fault in FAULT_TABLE else None
+    if needs is not None and needs not in kinds:
+        raise UsageError(f"--fault {options.fault} needs a {needs} LoRA target; these targets hold none")
     vocab = family.tiny_vocab_size if config is None else vocab_size(config, model_dir)
     return CheckPlan(family, model_dir, targets, trainer_factory, sampler_factory, transport_class, vocab)
+
+
+def check_expert_layout(layout: str, device: str, kinds: list[str]) -> None:
+    """A layout the engine can take for these targets, or one line saying why not."""
+    if layout not in LAYOUTS:
+        raise UsageError(f"unknown expert layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    if layout == PER_EXPERT:
+        return
+    if device == "cpu":
+        raise UsageError(
+            f"--expert-layout {layout}: vLLM's CPU build serves no routed-expert LoRA, so only per-expert runs "
+            "here; use --device cuda"
+        )
+    if "routed_expert" not in kinds:
+        raise UsageError(f"--expert-layout {layout} lays out routed-expert LoRA; the targets hold none")
 
 
 def _warm(side: Any, probes: Probes, generate: bool) -> Any:
@@ -147,6 +171,8 @@ def build_sides(
             rank=options.rank,
             alpha=options.alpha,
             device=options.device,
+            seed=options.config.seed,
+            shared_experts=options.expert_layout == SHARED_OUTER,
         )
         return _warm(side, probes, generate=False)
 
@@ -165,6 +191,7 @@ def build_sides(
             rank=options.rank,
             device=options.device,
             allow_unsupported=options.allow_unsupported_targets,
+            expert_layout=options.expert_layout,
         )
         _warm(sampler, probes, generate=options.config.decode)
         trainer_built = trainer_side.result()
@@ -239,6 +266,7 @@ def run(
             "fault": options.fault,
             "device": options.device,
             "lora_targets": sorted(trainer.lora_config.get("target_modules") or []),
+            "expert_layout": options.expert_layout,
             "setup_s": t1 - t0,
             "steps_s": t2 - t1,
         }

@@ -13,19 +13,41 @@ from typing import Any
 
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.plugins import SamplerFactory, TrainerFactory, hookimpl
+from skyrl_glm.sync.expert_layout import PER_EXPERT
 from skyrl_glm.usage import UsageError
 
 
 def hf_trainer(
-    model_dir: Path, *, family: ModelFamily, targets: Sequence[str], rank: int, alpha: int, device: str
+    model_dir: Path,
+    *,
+    family: ModelFamily,
+    targets: Sequence[str],
+    rank: int,
+    alpha: int,
+    device: str,
+    seed: int = 0,
+    shared_experts: bool = False,
 ) -> Any:
     from skyrl_glm.check.trainer_hf import HfPeftTrainer
 
     routed = [t for t in targets if family.lora.target(t).kind == "routed_expert"]
     modules = [t for t in targets if t not in routed]
     return HfPeftTrainer(
-        str(model_dir), targets=modules, target_parameters=routed, rank=rank, alpha=alpha, device=device
+        str(model_dir),
+        targets=modules,
+        target_parameters=routed,
+        rank=rank,
+        alpha=alpha,
+        device=device,
+        groups=target_groups(family, targets),
+        seed=seed,
+        shared_experts=shared_experts,
     )
+
+
+def target_groups(family: ModelFamily, targets: Sequence[str]) -> dict[str, str]:
+    """Each target's group for the check: its kind (attention, dense_mlp, shared_expert, routed_expert, indexer)."""
+    return {t: family.lora.target(t).kind for t in targets}
 
 
 def vllm_sampler(
@@ -37,9 +59,11 @@ def vllm_sampler(
     device: str,
     allow_unsupported: bool,
     skyrl_worker: bool = False,
+    expert_layout: str = PER_EXPERT,
 ) -> Any:
     """``skyrl_worker``: the engine loads the worker extension SkyRL runs load (SkyRL's worker wrap, whose vLLM
-    patches change what LoRA the sampler applies, plus skyrl-glm's receiver) instead of skyrl-glm's alone."""
+    patches change what LoRA the sampler applies, plus skyrl-glm's receiver) instead of skyrl-glm's alone.
+    ``expert_layout``: the engine's routed-expert LoRA layout (:mod:`skyrl_glm.sync.expert_layout`)."""
     from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
     from skyrl_glm.sync.vllm.engine import VllmEngineSampler
 
@@ -50,6 +74,7 @@ def vllm_sampler(
         device=device,
         allow_unsupported=allow_unsupported,
         skyrl_worker=skyrl_worker,
+        expert_layout=expert_layout,
     )
     if skyrl_worker:
         from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,9 +26,9 @@ def require_applied(model: Any, modules: Sequence[str], parameters: Sequence[str
     for target in parameters:
         owner, _, param = target.rpartition(".")
         if not any(
-            isinstance(m, ParamWrapper) and m.parameter_name == param and re.sub(r"(\.base_layer)+$", "", n).endswith(
-                "." + owner
-            )
+            isinstance(m, ParamWrapper)
+            and m.parameter_name == param
+            and re.sub(r"(\.base_layer)+$", "", n).endswith("." + owner)
             for n, m in wrapped
         ):
             missing.append(target)
@@ -35,8 +36,28 @@ def require_applied(model: Any, modules: Sequence[str], parameters: Sequence[str
         raise UsageError(f"PEFT {peft.__version__} applied no LoRA to the targets {missing} (install peft==0.18.1)")
 
 
+def _seeded(name: str, seed: int) -> torch.Generator:
+    """A generator seeded by a tensor's name and the check's seed: replicated shards of one tensor draw alike."""
+    return torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
+
+
+def group_of(module: str, groups: Mapping[str, str]) -> str:
+    """The target group of a LoRA-wrapped module (``groups``: target -> group; a routed-expert target parameter
+    ``mlp.experts.gate_up_proj`` belongs to the ``...mlp.experts`` module), or ``"lora"`` when none is named."""
+    module = re.sub(r"(\.base_layer)+$", "", module)
+    for target, group in groups.items():
+        owner = target.rpartition(".")[0] if target.startswith("mlp.experts.") else target
+        if module == owner or module.endswith("." + owner):
+            return group
+    return "lora"
+
+
 class HfPeftTrainer:
-    """A PEFT LoRA model whose adapter starts at B == 0 (PEFT's default init)."""
+    """A PEFT LoRA model whose adapter starts at B == 0 (PEFT's default init) and A drawn from ``seed`` (so a check
+    gives the same numbers run to run). ``groups`` names each target's group (attention, dense MLP, shared expert,
+    routed experts): the check perturbs and measures them one by one. ``shared_experts``: every routed expert of
+    a layer holds the same adapter (drawn once, perturbed once, as Megatron-Bridge's ``share_expert_adapters``
+    trains it), the adapter vLLM's shared-outer layout serves."""
 
     def __init__(
         self,
@@ -48,6 +69,9 @@ class HfPeftTrainer:
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
         target_parameters: Sequence[str] = (),
+        groups: Mapping[str, str] | None = None,
+        seed: int = 0,
+        shared_experts: bool = False,
     ) -> None:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
@@ -60,6 +84,17 @@ class HfPeftTrainer:
         self.device = device
         require_applied(self.model, targets, target_parameters)
         self._fused_experts = fused_expert_loras(self.model)
+        self._shared = (
+            {f"{f.key}.lora_{ab}.default.weight": (f, ab) for f in self._fused_experts for ab in "AB"}
+            if shared_experts
+            else {}
+        )
+        self._groups = {
+            name: group_of(name.split(".lora_")[0], groups or {})
+            for name, _ in self.model.named_parameters()
+            if "lora_B" in name
+        }
+        self.seed_lora_a(seed)
 
     @property
     def lora_config(self) -> dict[str, Any]:
@@ -82,18 +117,45 @@ class HfPeftTrainer:
             out.append(logp[:-1].gather(1, ids[0, 1:, None])[:, 0].tolist())
         return out
 
+    def _draw(self, name: str, shape: torch.Size, seed: int, uniform: bool) -> torch.Tensor:
+        """Seeded noise of ``shape``; for a shared routed-expert tensor one expert's, repeated over the experts
+        (PEFT's fused ``lora_A [r*E, d1]`` is ``[E, r, d1]``, ``lora_B [d2, r*E]`` is ``[d2, r, E]``)."""
+        draw = torch.rand if uniform else torch.randn
+        if name not in self._shared:
+            return draw(shape, generator=_seeded(name, seed))
+        fused, ab = self._shared[name]
+        e, r = fused.num_experts, fused.rank
+        if ab == "A":
+            return draw((1, r, shape[-1]), generator=_seeded(name, seed)).expand(e, -1, -1).reshape(shape)
+        return draw((shape[0], r, 1), generator=_seeded(name, seed)).expand(-1, -1, e).reshape(shape)
+
     @torch.no_grad()
-    def perturb_lora_b(self, scale: float, seed: int = 0) -> int:
-        """Add noise to every (zero-initialised) lora_B; noise is seeded by the tensor's name, so replicated
-        shards of one tensor get identical noise. Returns how many tensors changed."""
+    def seed_lora_a(self, seed: int) -> None:
+        """Draw every lora_A again as PEFT does (uniform within 1/sqrt(fan_in)), from the tensor's name and
+        ``seed`` instead of the global RNG."""
+        for name, p in self.model.named_parameters():
+            if "lora_A" in name:
+                bound = 1 / math.sqrt(p.shape[-1])
+                p.copy_((self._draw(name, p.shape, seed, uniform=True) * 2 - 1).to(p) * bound)
+
+    def lora_groups(self) -> list[str]:
+        return sorted(set(self._groups.values()))
+
+    @torch.no_grad()
+    def perturb_lora_b(self, scale: float | Mapping[str, float], seed: int = 0) -> int:
+        """Add noise to every (zero-initialised) lora_B, or with a scale per group to those groups' only; noise is
+        seeded by the tensor's name, so replicated shards of one tensor get identical noise. Returns how many
+        tensors changed."""
         changed = 0
         for name, p in self.model.named_parameters():
             if "lora_B" not in name:
                 continue
             if torch.count_nonzero(p):
                 raise AssertionError(f"{name} is not zero before the perturbation: the check needs B == 0 at start")
-            gen = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
-            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p) * scale)
+            s = scale.get(self._groups[name]) if isinstance(scale, Mapping) else scale
+            if s is None:
+                continue
+            p.add_(self._draw(name, p.shape, seed, uniform=False).to(p) * s)
             changed += 1
         return changed
 

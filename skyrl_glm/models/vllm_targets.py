@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_glm.models.base import ModelFamily
+from skyrl_glm.sync.expert_layout import PER_EXPERT, engine_arguments
 
 
 @functools.cache
@@ -50,13 +51,16 @@ def vllm_engine_kwargs(
     max_model_len: int | None = None,
     allow_unsupported: bool = False,
     skyrl_worker: bool = False,
+    expert_layout: str = PER_EXPERT,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM(**kwargs)`` serving ``model_dir`` of ``family`` on ``device``.
 
     Returns ``model``, ``dtype``, the family's ``sampler_overrides`` (e.g. ``hf_overrides`` and ``max_model_len``
     for GLM-5.3 served as dense MLA on CPU), ``max_model_len`` when given, and with ``lora_targets``
-    ``enable_lora=True`` plus ``lora_target_modules``. ``lora_targets`` are checked against the family's policy
-    for this sampler (an unsupported one raises :class:`UnsupportedTargetError` unless ``allow_unsupported``).
+    ``enable_lora=True`` plus ``lora_target_modules`` and the engine argument of ``expert_layout``
+    (:func:`~skyrl_glm.sync.expert_layout.engine_arguments`: the routed experts' LoRA layout is the engine's).
+    ``lora_targets`` are checked against the family's policy for this sampler (an unsupported one raises
+    :class:`UnsupportedTargetError` unless ``allow_unsupported``).
     ``max_lora_rank`` and engine sizing are left to the caller.
     """
     kwargs: dict[str, Any] = {"model": str(model_dir)}
@@ -78,4 +82,5 @@ def vllm_engine_kwargs(
         )
         kwargs["enable_lora"] = True
         kwargs["lora_target_modules"] = family.lora.vllm_modules(resolved)
+        kwargs.update(engine_arguments(expert_layout))
     return kwargs

@@ -38,6 +38,7 @@ from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.skyrl.value_ranges import range_problem
+from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, STACKED_3D
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 from skyrl_glm.usage import UsageError
 
@@ -90,9 +91,14 @@ class SyncSection:
     fault: str = NO_FAULT
     """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries:
     ``no-publish`` reports success after the first sync and sends nothing, so the sampler goes stale."""
+    expert_layout: str = PER_EXPERT
+    """How vLLM takes the routed experts' LoRA, fixed when its engines start (:mod:`skyrl_glm.sync.expert_layout`):
+    ``per-expert`` (every expert name; any adapter), ``shared-outer`` (vLLM's ``enable_moe_shared_loras``: one
+    gate/up lora_A and one down lora_B per layer, for Megatron with ``share_expert_adapters``)."""
 
     def __post_init__(self) -> None:
         _choice("skyrl_glm.sync.mode", self.mode, _literal_values(SyncSection, "mode"))
+        _choice("skyrl_glm.sync.expert_layout", self.expert_layout, LAYOUTS)
         _choice("skyrl_glm.sync.fault", self.fault, SKYRL_FAULTS)
         _choice("skyrl_glm.sync.transport", self.transport, [AUTO_TRANSPORT, *sorted(registry().transports)])
         _bounded("skyrl_glm.sync.bucket_mb", self.bucket_mb, 1, MAX_BUCKET_MB)
@@ -233,10 +239,33 @@ def check_consistency(cfg: Any) -> None:
         raise ConfigError(
             "skyrl_glm.sync.fault: faults are injected into the memory sync; set skyrl_glm.sync.mode=memory"
         )
+    if glm.sync.expert_layout != PER_EXPERT:
+        expert_layout_problem = _expert_layout_problem(cfg)
+        if expert_layout_problem:
+            raise ConfigError(f"skyrl_glm.sync.expert_layout: {expert_layout_problem}")
     if glm.check.before_training and not lora:
         raise ConfigError(
             "skyrl_glm.check.before_training: the check perturbs LoRA B; set trainer.policy.model.lora.rank > 0"
         )
+
+
+def _expert_layout_problem(cfg: Any) -> str | None:
+    """Why the run cannot serve its adapter in a stacked expert layout, or None."""
+    glm, trainer = cfg.skyrl_glm, cfg.trainer
+    layout = glm.sync.expert_layout
+    if layout == STACKED_3D:
+        return (
+            "stacked-3d needs LoRARequest(is_3d_lora_weight=True), which SkyRL 0.4.0's servers do not send "
+            "(load_lora_adapter); use per-expert or shared-outer"
+        )
+    if glm.sync.mode != "memory":
+        return f"{layout} is built by the in-memory receiver; set skyrl_glm.sync.mode=memory"
+    if trainer.strategy != "megatron" or not trainer.policy.model.lora.share_expert_adapters:
+        return (
+            f"{layout} serves one gate/up lora_A and one down lora_B per layer for all experts; only Megatron with "
+            "trainer.policy.model.lora.share_expert_adapters=true trains such an adapter (use per-expert)"
+        )
+    return None
 
 
 def validate(cfg: Any) -> None:

@@ -16,6 +16,7 @@ from skyrl_glm.skyrl import signed_client
 from skyrl_glm.skyrl.summary import RunSummary
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
+from skyrl_glm.sync.expert_layout import engine_arguments
 
 
 def _router_args_compat() -> None:
@@ -45,7 +46,10 @@ class _NoDiskLoraWarning(logging.Filter):
 class GlmPPOExp(BasePPOExp):
     def __init__(self, cfg: Any) -> None:
         if cfg.skyrl_glm.sync.mode == "memory":
-            cfg.generator.inference_engine.engine_init_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+            engine = cfg.generator.inference_engine.engine_init_kwargs
+            engine.setdefault("worker_extension_cls", WORKER_EXTENSION)
+            for key, value in engine_arguments(cfg.skyrl_glm.sync.expert_layout).items():  # fixed at engine start
+                engine.setdefault(key, value)
             logging.getLogger(_SKYRL_SERVER_ARGS_LOGGER).addFilter(_NoDiskLoraWarning())
         _router_args_compat()
         signed_client.install()  # the trainer's control calls carry the run's signature (the servers' route guard)

@@ -43,6 +43,7 @@ class AgreeRecord:
 @dataclass
 class RunSummary:
     sync_mode: str
+    expert_layout: str  # how vLLM took the routed experts' LoRA (engine argument, fixed at engine start)
     syncs: list[SyncRecord] = field(default_factory=list)
     check: CheckRecord | None = None
     agree: list[AgreeRecord] = field(default_factory=list)
@@ -54,6 +55,7 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return {
             "sync_mode": self.sync_mode,
+            "expert_layout": self.expert_layout,
             "syncs": [s.to_json() for s in self.syncs],
             "check": None if self.check is None else asdict(self.check),
             "agree": [asdict(a) for a in self.agree],

@@ -80,7 +80,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         super().init_weight_sync_state()
         self._glm_sync = self.dispatch.save_weights_for_sampler
         self._glm_syncs = 0
-        self.summary = RunSummary(self.cfg.skyrl_glm.sync.mode)
+        self.summary = RunSummary(self.cfg.skyrl_glm.sync.mode, self.cfg.skyrl_glm.sync.expert_layout)
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
         check = " and the handoff check" if self.cfg.skyrl_glm.check.before_training else ""
         progress.info("policy workers and vLLM up; first sync%s", check)

@@ -19,6 +19,7 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
     transports/      the Transport contract and the named transports (shm, nccl, cuda_ipc)
     sampler side
     receiver.py      AdapterReceiver: validate, stage, verify, rebuild public names (torch only)
+    expert_layout.py the routed experts' serving layout (per-expert, stacked-3d, shared-outer): engine arguments, build
     vllm/            the vLLM glue: update protocol, offline and async samplers, the worker extension
     routing/         multi-rank sync: EP-sharded trainer ranks -> TP-sharded sampler ranks
 

@@ -15,6 +15,7 @@ import torch
 from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases
 
 from skyrl_glm.sync.checksum import span_checks
+from skyrl_glm.sync.expert_layout import PER_EXPERT, LayoutError, arrange
 from skyrl_glm.sync.manifest import Manifest, ManifestError, views
 from skyrl_glm.sync.nogc import paused_gc
 from skyrl_glm.sync.transports.base import Transport, TransportError
@@ -35,7 +36,7 @@ class ReceivedAdapter:
     version: int
     lora_name: str
     adapter_config: dict[str, Any]
-    tensors: dict[str, torch.Tensor]  # every public name; aliases are views of one private buffer
+    tensors: dict[str, torch.Tensor]  # what the engine loads: views of one private buffer (see ``layout``)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -91,10 +92,14 @@ class AdapterReceiver:
     ``known`` is the manifest of the last update :meth:`receive` accepted (never a rejected one); the next update with
     the identical layout reuses its validation and structure check. It is set on accept, not on :meth:`commit`: what
     it vouches for is the layout's verdict, a pure function of the layout that the update earned whether or not the
-    engine then loads it (the version order is commit's, checked separately)."""
+    engine then loads it (the version order is commit's, checked separately).
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    ``layout``: the engine's routed-expert layout (:mod:`skyrl_glm.sync.expert_layout`); an update that cannot be
+    served in it is rejected with the reason."""
+
+    def __init__(self, device: str | torch.device = "cpu", layout: str = PER_EXPERT) -> None:
         self.device = torch.device(device)
+        self.layout = layout
         self.version: int | None = None
         self.known: Manifest | None = None
 
@@ -162,7 +167,10 @@ class AdapterReceiver:
                 raise UpdateRejected(f"non-finite values (NaN/inf) in {bad_names[:3]}{more}")
         t3 = time.perf_counter()
         sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
-        tensors = rebuild(manifest, sent)
+        try:
+            tensors = rebuild(manifest, sent) if self.layout == PER_EXPERT else arrange(manifest, sent, self.layout)
+        except LayoutError as e:
+            raise UpdateRejected(str(e)) from None
         timings = {
             "transfer_s": t2 - t1 + waited,
             "verify_s": (t1 - t0 - waited) + (t3 - t2),

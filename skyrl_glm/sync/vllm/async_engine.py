@@ -46,8 +46,8 @@ class AsyncVllmEngineSampler(LoraVersions):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        super().__init__()
         settings = engine_settings(engine, max_lora_rank=max_lora_rank)
+        super().__init__(settings)
         apply_engine_environment()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
         self._updating = asyncio.Lock()  # one RPC sequence (update or deferred removal) at a time

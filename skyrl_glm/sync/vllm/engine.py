@@ -117,8 +117,8 @@ class VllmEngineSampler(LoraVersions):
         """``engine``: vLLM arguments, ``model`` among them (see :func:`engine_settings`)."""
         from vllm import LLM
 
-        super().__init__()
         settings = engine_settings(engine, max_lora_rank=max_lora_rank)
+        super().__init__(settings)
         apply_engine_environment()
         self.llm = LLM(**settings)
 

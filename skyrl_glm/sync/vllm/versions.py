@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_path, lora_name_from_in_memory_path
 
+from skyrl_glm.sync.expert_layout import layout_of, request_fields
 from skyrl_glm.sync.update import UpdateResult, describe_error
 
 # One engine operation: ("rpc", method, args) | ("add_lora", request) | ("remove_lora", lora_id)
@@ -56,7 +57,10 @@ class LoraVersions:
     at a swap; the async one does.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        """``settings``: the engine's arguments; its expert layout decides the ``LoRARequest`` fields every adapter
+        loads with (:func:`~skyrl_glm.sync.expert_layout.request_fields`)."""
+        self.request_fields = request_fields(layout_of(settings or {}))
         self.adapter: Any = None
         self._previous: Any = None
         self._next_lora_id = 1
@@ -93,7 +97,7 @@ class LoraVersions:
         from vllm.lora.request import LoRARequest
 
         lora_id, self._next_lora_id = self._next_lora_id, self._next_lora_id + 1
-        return LoRARequest(lora_name=lora_name, lora_int_id=lora_id, lora_path=path)
+        return LoRARequest(lora_name=lora_name, lora_int_id=lora_id, lora_path=path, **self.request_fields)
 
     def keep(self) -> list[str]:
         """Staged names the workers must keep: serving, previous, and retired versions still in flight

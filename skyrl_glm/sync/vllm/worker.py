@@ -25,6 +25,7 @@ from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import (
 )
 
 from skyrl_glm.plugins import registry
+from skyrl_glm.sync.expert_layout import layout_of
 from skyrl_glm.sync.manifest import MAX_MANIFEST_BYTES
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports.base import Transport, TransportError
@@ -67,7 +68,9 @@ def receiver_state(worker: Any) -> ReceiverState:
     state = worker.__dict__.get(_STATE)
     if state is None:
         device = getattr(worker, "device", None) or torch.device("cpu")
-        state = worker.__dict__[_STATE] = ReceiverState(AdapterReceiver(device=device))
+        lora_config = getattr(getattr(worker, "vllm_config", None), "lora_config", None)
+        receiver = AdapterReceiver(device=device, layout=layout_of(lora_config))
+        state = worker.__dict__[_STATE] = ReceiverState(receiver)
     return state
 
 

@@ -1,0 +1,284 @@
+"""``skyrl-glm bench load --config full --layouts ...``: the routed experts' serving layouts side by side (GPU).
+
+One engine per layout (its engine argument is fixed at start: :mod:`skyrl_glm.sync.expert_layout`), each serving a
+config-only full-width GLM-5.3 with the largest ``--layers`` count of MoE layers (``load_format="dummy"``); on each,
+rank-``--rank`` Megatron-Bridge-shaped adapters (one adapter per layer shared by its experts) covering the first
+2, 4, ... MoE layers go over CUDA IPC, are received in the engine's layout, loaded, and timed to the first request
+on the new version. Per update: ``receive_s`` (the worker RPC: transfer, verify, build the layout), ``load_s``
+(``add_lora`` and the swap), ``request_s`` (the first request alone) and ``to_first_request_s`` (from the publish to
+its end). Each stage is fitted by least squares against the layer count (slope, intercept and residuals shown) and
+read at GLM-5.3's 75 MoE layers. (The engine holds the largest count, so a smaller adapter leaves some layers' slots
+to be zeroed when vLLM activates it: a memset, left out of the slope.)
+
+LoRA-slot memory is read from the engine: the bytes of the slot tensors vLLM allocated at start for ``max_loras``
+adapters (:class:`SlotReport`, read-only), per resident adapter, routed experts apart; at 75 layers each part is
+scaled by its layer count (every layer's slots have one shape). ``--sync-json`` (a ``bench sync --exporter
+bridge-stream`` report of the full model) adds the end-to-end rows: the sync plus load and first request at 75
+layers, ours (each layout) against SkyRL 0.4.0's memory path (its per-expert names through the same loader).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
+
+FULL_MOE_LAYERS = 75  # GLM-5.3: 78 layers, the first 3 dense
+FULL_LAYERS = 78
+STAGES = ("receive_s", "load_s", "request_s", "to_first_request_s")
+
+
+class SlotReport(LoraSyncWorkerExtension):
+    """The sync's worker extension plus one read-only report for the bench: the LoRA slot bytes."""
+
+    def skyrl_glm_bench_lora_slots(self) -> dict[str, int]:
+        """Bytes of every LoRA slot tensor vLLM allocated at start (each storage once), routed experts apart."""
+        manager = self.model_runner.lora_manager._adapter_manager
+        seen: set[int] = set()
+        out = {"routed_experts": 0, "other": 0, "max_loras": int(manager.lora_config.max_loras)}
+        for name, module in manager.modules.items():
+            kind = "routed_experts" if name.endswith(".experts") else "other"
+            for key, value in vars(module).items():
+                if "lora" not in key:
+                    continue
+                for t in value if isinstance(value, list | tuple) else (value,):
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+                        seen.add(t.untyped_storage().data_ptr())
+                        out[kind] += t.untyped_storage().nbytes()
+        return out
+
+
+def fit_line(xs: list[int], ys: list[float], at: int) -> dict[str, Any]:
+    """Least-squares ``y = slope * x + intercept`` with its residuals and its value at ``at`` (two points: exact)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    intercept = my - slope * mx
+    return {
+        "slope": slope,
+        "intercept": intercept,
+        "residuals": [y - (slope * x + intercept) for x, y in zip(xs, ys, strict=True)],
+        "at": at,
+        "value": slope * at + intercept,
+    }
+
+
+def slots_at_full_size(slots: dict[str, int], moe_layers: int, layers: int) -> int:
+    """Slot bytes per resident adapter at GLM-5.3's size: each part scaled from the engine's layer counts."""
+    per_adapter = {k: slots[k] / slots["max_loras"] for k in ("routed_experts", "other")}
+    return round(
+        per_adapter["routed_experts"] / moe_layers * FULL_MOE_LAYERS + per_adapter["other"] / layers * FULL_LAYERS
+    )
+
+
+def _engine(model_dir: Path, family: Any, targets: list[str], layout: str, rank: int) -> Any:
+    from skyrl_glm.check.scorers import _engine_lora_rank
+    from skyrl_glm.sync.expert_layout import engine_arguments
+    from skyrl_glm.sync.vllm.engine import VllmEngineSampler
+
+    engine = {
+        "model": str(model_dir),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "lora_target_modules": family.lora.vllm_modules(targets),
+        "gpu_memory_utilization": 0.9,
+        "worker_extension_cls": f"{__name__}.SlotReport",
+        **engine_arguments(layout),
+    }
+    return VllmEngineSampler(engine, max_lora_rank=_engine_lora_rank(rank))
+
+
+def _updates(
+    sampler: Any, adapters: dict[int, Any], rank: int, rounds: int, warmup: int, version: int
+) -> tuple[dict, int]:
+    """Per layer count: every timed update's stages (the first ``warmup`` dropped); ``version``: the last one used."""
+    from skyrl_glm.bench.load import publish_to_first_request
+    from skyrl_glm.lora.bridge import adapter_config
+    from skyrl_glm.plugins import registry
+    from skyrl_glm.sync.publisher import InMemoryPublisher
+
+    transport = registry().transport("ipc")()
+    publisher = InMemoryPublisher(sampler, transport, shared_storage=True)
+    rows: dict[int, list[dict[str, float]]] = {}
+    try:
+        for layers, (tensors, targets) in adapters.items():
+            config = adapter_config(rank, 2 * rank, targets)
+            rows[layers] = []
+            for i in range(warmup + rounds):
+                version += 1
+                result, published, to_first = publish_to_first_request(sampler, publisher, tensors, config, version)
+                if i >= warmup:
+                    t = result.timings
+                    rows[layers].append(
+                        {
+                            "receive_s": t["receive_rpc_s"],
+                            "load_s": t["load_s"],
+                            "request_s": to_first - published,
+                            "to_first_request_s": to_first,
+                        }
+                    )
+    finally:
+        transport.release()
+    return rows, version
+
+
+def run_layout_bench(
+    layers: list[int], layouts: list[str], rounds: int, warmup: int, rank: int, sync_json: str | None = None
+) -> dict[str, Any]:
+    """Every layout on its own engine, every layer count on each; see the module docstring."""
+    from skyrl_glm.bench.load import full_width_model
+    from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
+    from skyrl_glm.plugins import registry
+    from skyrl_glm.provenance import provenance
+
+    family = registry().model("glm-5.3")
+    adapters = {}
+    for k in sorted(layers):
+        syn = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=k, rank=rank))
+        unique = {key: v.to("cuda") for key, v in syn.unique.items()}
+        adapters[k] = ({name: unique[key] for name, key in syn.names.items()}, syn.targets)
+    engine_layers = max(layers)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-layouts-") as tmp:
+        model_dir = full_width_model(Path(tmp) / "model", engine_layers)
+        version = 0
+        for layout in layouts:
+            t0 = time.perf_counter()
+            try:
+                sampler = _engine(model_dir, family, adapters[engine_layers][1], layout, rank)
+            except Exception as e:  # noqa: BLE001 - an engine that does not start (memory) is a result here
+                results[layout] = {"started": False, "reason": f"{type(e).__name__}: {e}"[:300]}
+                continue
+            try:
+                engine_s = time.perf_counter() - t0
+                slots = sampler.llm.collective_rpc("skyrl_glm_bench_lora_slots")[0]
+                rows, version = _updates(sampler, adapters, rank, rounds, warmup, version)
+            finally:
+                sampler.close()
+            medians = {k: {st: statistics.median(r[st] for r in rs) for st in STAGES} for k, rs in rows.items()}
+            xs = sorted(medians)
+            results[layout] = {
+                "started": True,
+                "engine_start_s": engine_s,
+                "slots": slots,
+                "slot_bytes_per_adapter": (slots["routed_experts"] + slots["other"]) / slots["max_loras"],
+                "slot_bytes_per_adapter_at_75": slots_at_full_size(slots, engine_layers, engine_layers + 3),
+                "medians_s": {str(k): v for k, v in medians.items()},
+                "fit_75": {st: fit_line(xs, [medians[k][st] for k in xs], FULL_MOE_LAYERS) for st in STAGES},
+                "runs": {str(k): v for k, v in rows.items()},
+            }
+    report = {
+        "command": f"skyrl-glm bench load --device cuda --config full --layers {','.join(map(str, layers))} "
+        f"--layouts {','.join(layouts)} --rank {rank}",
+        "model": "glm-5.3",
+        "engine_moe_layers": engine_layers,
+        "layers": sorted(layers),
+        "rank": rank,
+        "rounds": rounds,
+        "warmup": warmup,
+        "max_loras": 2,
+        "layouts": results,
+        **provenance(),
+    }
+    if sync_json:
+        report["end_to_end_75"] = end_to_end(report, json.loads(Path(sync_json).read_text()))
+    return report
+
+
+def end_to_end(report: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
+    """The sync (a ``bench sync`` report at full size) plus load and first request at 75 layers (fitted): ours in
+    each layout that ran, SkyRL 0.4.0's memory path with its per-expert names."""
+    paths = sync["paths"]
+
+    def after_sync(layout: str) -> float | None:
+        fit = report["layouts"].get(layout, {}).get("fit_75")
+        return fit["load_s"]["value"] + fit["request_s"]["value"] if fit else None
+
+    rows = {}
+    for layout in report["layouts"]:
+        if (rest := after_sync(layout)) is not None:
+            rows[f"skyrl-glm, {layout}"] = {"sync_s": paths["ours"]["total_s"], "load_and_request_s": rest}
+    if (rest := after_sync("per-expert")) is not None and "skyrl" in paths:
+        rows["SkyRL 0.4.0 memory path, per-expert"] = {"sync_s": paths["skyrl"]["total_s"], "load_and_request_s": rest}
+    for row in rows.values():
+        row["total_s"] = row["sync_s"] + row["load_and_request_s"]
+    return {"sync_command": sync.get("command"), "sync_commit": sync.get("commit"), "rows": rows}
+
+
+def print_layout_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=160)
+    table = Table(
+        title=f"routed-expert layouts: full-width GLM-5.3, rank {report['rank']}, engine of "
+        f"{report['engine_moe_layers']} MoE layers, max_loras {report['max_loras']}; median of {report['rounds']}"
+    )
+    for col in ("layout", "MoE layers", *(s.removesuffix("_s") for s in STAGES)):
+        table.add_column(col, justify="right")
+    for layout, r in report["layouts"].items():
+        if not r["started"]:
+            table.add_row(layout, "-", f"engine did not start: {r['reason'][:60]}", "", "", "")
+            continue
+        for k, med in r["medians_s"].items():
+            table.add_row(layout, k, *(f"{med[s] * 1e3:.1f} ms" for s in STAGES))
+        fit = r["fit_75"]
+        table.add_row(layout, "75 (fit)", *(f"{fit[s]['value'] * 1e3:.0f} ms" for s in STAGES))
+        worst = max(abs(e) for s in STAGES for e in fit[s]["residuals"])
+        table.add_row(layout, "residual", *(f"max {worst * 1e3:.2f} ms" if s == STAGES[0] else "" for s in STAGES))
+    console.print(table)
+    mem = Table(title="LoRA slots per resident adapter (read from the engine)")
+    for col in ("layout", "routed experts, engine", "other, engine", "per adapter, engine", "per adapter at 75"):
+        mem.add_column(col, justify="right")
+    for layout, r in report["layouts"].items():
+        if r["started"]:
+            s, n = r["slots"], r["slots"]["max_loras"]
+            gib = 1 << 30
+            mem.add_row(
+                layout,
+                f"{s['routed_experts'] / n / gib:.2f} GiB",
+                f"{s['other'] / n / gib:.2f} GiB",
+                f"{r['slot_bytes_per_adapter'] / gib:.2f} GiB",
+                f"{r['slot_bytes_per_adapter_at_75'] / gib:.2f} GiB",
+            )
+    console.print(mem)
+    if "end_to_end_75" in report:
+        e2e = Table(title="handoff at full GLM-5.3 (75 MoE layers): sync + load + first request")
+        for col in ("path", "sync", "load + first request", "total"):
+            e2e.add_column(col, justify="right")
+        for path, row in report["end_to_end_75"]["rows"].items():
+            e2e.add_row(path, *(f"{row[k] * 1e3:.0f} ms" for k in ("sync_s", "load_and_request_s", "total_s")))
+        console.print(e2e)
+
+
+def plot_layout_report(report: dict[str, Any], path: str) -> None:
+    """Time to the first request against MoE layers with each layout's fit out to 75; slot memory per adapter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    started = {k: r for k, r in report["layouts"].items() if r["started"]}
+    for layout, r in started.items():
+        xs = [int(k) for k in r["medians_s"]]
+        ys = [r["medians_s"][k]["to_first_request_s"] for k in r["medians_s"]]
+        fit = r["fit_75"]["to_first_request_s"]
+        (line,) = ax.plot(xs, ys, "o", label=f"{layout} (measured)")
+        ax.plot([0, FULL_MOE_LAYERS], [fit["intercept"], fit["value"]], "--", color=line.get_color())
+    ax.set(xlabel="MoE layers", ylabel="publish to first request (s)", title="fit to 75 layers (dashed)")
+    ax.legend(fontsize=8)
+    bx.bar(list(started), [r["slot_bytes_per_adapter_at_75"] / (1 << 30) for r in started.values()])
+    bx.set(ylabel="GiB", title="LoRA slots per resident adapter at 75 MoE layers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,204 @@
+"""How the routed experts' LoRA is handed to vLLM: one of three layouts, fixed for an engine when it starts.
+
+An update arrives with the per-expert public names vLLM's GPU build loads without flags
+(``...mlp.experts.{e}.{gate,up,down}_proj.lora_{A,B}.weight``). vLLM takes the same adapter in two other forms,
+each switched on by an engine argument (so a layout is the engine's, not the update's):
+
+``per-expert``
+    every expert name as its own tensor (no engine argument): vLLM parses each name and stacks them per layer.
+``stacked-3d``
+    ``enable_mixed_moe_lora_format`` + ``LoRARequest(is_3d_lora_weight=True)``: four tensors per MoE layer, the
+    experts stacked on the rank dimension (``experts.base_layer.lora_A [r*E, H]`` and ``lora_B [2I, r*E]`` for
+    gate/up, ``experts.lora_A [r*E, I]`` and ``lora_B [H, r*E]`` for down). gate and up must share ``lora_A``.
+``shared-outer``
+    ``enable_moe_shared_loras``: ``experts.w{1,2,3}`` stacks whose gate/up ``lora_A`` and down ``lora_B`` have
+    expert-dim 1 (vLLM keeps one slot for all experts); the other factors ``[E, ...]``, one broadcast view each when
+    the experts share them (Megatron-Bridge's ``share_expert_adapters``). vLLM reads expert 0 of a shared factor and
+    ignores the rest, so an adapter whose experts differ there is refused, never served wrong.
+
+:func:`arrange` builds a layout from the manifest's alias structure (``NameIndex``: explicit names and expert-index
+runs) without expanding the per-expert names. Torch only: the receiver calls it, no vLLM import; the layout
+records (names, engine arguments) import nothing, so choosing a layout costs no torch import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from skyrl_glm.sync.manifest import Manifest
+
+PER_EXPERT = "per-expert"
+STACKED_3D = "stacked-3d"
+SHARED_OUTER = "shared-outer"
+LAYOUTS = (PER_EXPERT, STACKED_3D, SHARED_OUTER)
+
+# The vLLM engine argument each layout needs (vLLM 0.26-0.32 ``LoRAConfig``), and the LoRARequest fields it loads with.
+ENGINE_FLAGS = {STACKED_3D: "enable_mixed_moe_lora_format", SHARED_OUTER: "enable_moe_shared_loras"}
+REQUEST_FIELDS: dict[str, dict[str, Any]] = {STACKED_3D: {"is_3d_lora_weight": True}}
+
+# vLLM's names for a gated expert's projections (``FusedMoE`` w1 = gate, w2 = down, w3 = up).
+SLOTS = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+# The factors shared-outer stores once per layer (expert-dim 1).
+SHARED_FACTORS = (("gate_proj", "A"), ("up_proj", "A"), ("down_proj", "B"))
+FACTORS = tuple((proj, ab) for proj in SLOTS for ab in "AB")
+
+_NAME = re.compile(
+    r"(?P<experts>.+\.experts)\.(?P<e>0|[1-9][0-9]*)\.(?P<proj>gate_proj|up_proj|down_proj)\.lora_(?P<ab>[AB])\.weight"
+)
+_RUN_HEAD = re.compile(r"(?P<experts>.+\.experts)\.")
+_RUN_TAIL = re.compile(r"\.(?P<proj>gate_proj|up_proj|down_proj)\.lora_(?P<ab>[AB])\.weight")
+
+
+class LayoutError(ValueError):
+    """The update cannot be served in the engine's expert layout (the reason names the module and the factor)."""
+
+
+def engine_arguments(layout: str) -> dict[str, bool]:
+    """The vLLM engine arguments that start an engine in ``layout``."""
+    if layout not in LAYOUTS:
+        raise LayoutError(f"unknown expert layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    flag = ENGINE_FLAGS.get(layout)
+    return {flag: True} if flag else {}
+
+
+def layout_of(settings: Mapping[str, Any] | Any) -> str:
+    """The layout an engine runs, from its engine arguments (a mapping) or its ``LoRAConfig`` (attributes): the one
+    source of truth, read where the engine starts and inside its workers."""
+    read = settings.get if isinstance(settings, Mapping) else lambda key, default: getattr(settings, key, default)
+    on = [layout for layout, flag in ENGINE_FLAGS.items() if read(flag, False)]
+    if len(on) > 1:
+        raise LayoutError(f"{' and '.join(ENGINE_FLAGS[x] for x in on)} are exclusive: pick one expert layout")
+    return on[0] if on else PER_EXPERT
+
+
+def request_fields(layout: str) -> dict[str, Any]:
+    """Extra ``LoRARequest`` fields an adapter in ``layout`` is loaded with."""
+    return dict(REQUEST_FIELDS.get(layout, {}))
+
+
+def _owners(manifest: Manifest) -> tuple[dict[str, dict[tuple[str, str], list[str | None]]], dict[str, str], list]:
+    """Per experts module, per (projection, A/B): the sent name behind each expert index; plus the public names
+    that are not routed-expert names (explicit ``{public: sent}`` and runs), left as they are."""
+    index = manifest.names
+    spans: dict[str, dict[tuple[str, str], list[tuple[int, int, str]]]] = {}
+    others: dict[str, str] = {}
+    for name, sent in index.explicit.items():
+        m = _NAME.fullmatch(name)
+        if m is None:
+            others[name] = sent
+        else:
+            e = int(m["e"])
+            spans.setdefault(m["experts"], {}).setdefault((m["proj"], m["ab"]), []).append((e, e + 1, sent))
+    other_runs = []
+    for (head, tail), intervals in index.runs.items():
+        h, t = _RUN_HEAD.fullmatch(head), _RUN_TAIL.fullmatch(tail)
+        if h is None or t is None:
+            other_runs.extend(r for r in manifest.alias_runs if (r.head, r.tail) == (head, tail))
+        else:
+            spans.setdefault(h["experts"], {}).setdefault((t["proj"], t["ab"]), []).extend(intervals)
+    owners: dict[str, dict[tuple[str, str], list[str | None]]] = {}
+    for experts, factors in spans.items():
+        size = max(stop for intervals in factors.values() for _, stop, _ in intervals)
+        owners[experts] = {}
+        for factor, intervals in factors.items():
+            row: list[str | None] = [None] * size
+            for start, stop, sent in intervals:  # overlaps name one sent tensor (NameIndex refuses others)
+                row[start:stop] = [sent] * (stop - start)
+            owners[experts][factor] = row
+    return owners, others, other_runs
+
+
+def _complete(experts: str, factors: dict[tuple[str, str], list[str | None]]) -> None:
+    """Every factor of every projection covers every expert of the module (its rows share one length)."""
+    for proj, ab in FACTORS:
+        row = factors.get((proj, ab))
+        if row is None:
+            raise LayoutError(f"{experts}: no {proj}.lora_{ab} (a stacked expert layout needs gate, up and down)")
+        missing = [e for e, s in enumerate(row) if s is None]
+        if missing:
+            raise LayoutError(f"{experts}: {proj}.lora_{ab} misses experts {missing[:4]} of {len(row)}")
+
+
+def _equal_rows(sent: Mapping[str, torch.Tensor], a: list[str], b: list[str]) -> int | None:
+    """The first expert whose tensors differ between ``a`` and ``b`` (same sent name = equal), else None."""
+    import torch
+
+    for e, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y and not torch.equal(sent[x], sent[y]):
+            return e
+    return None
+
+
+def _stack(sent: Mapping[str, torch.Tensor], row: list[str]) -> torch.Tensor:
+    """``[E, ...]`` of one factor: a broadcast view when every expert shows one sent tensor, else one stack."""
+    import torch
+
+    if len(set(row)) == 1:
+        one = sent[row[0]]
+        return one.unsqueeze(0).expand(len(row), *one.shape)
+    return torch.stack([sent[s] for s in row])
+
+
+def _shared_outer(experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor]) -> dict:
+    out = {}
+    for proj, ab in SHARED_FACTORS:
+        row = rows[(proj, ab)]
+        differs = _equal_rows(sent, row, [row[0]] * len(row))
+        if differs is not None:
+            raise LayoutError(
+                f"expert layout shared-outer: {experts} expert {differs} has another {proj}.lora_{ab} than expert 0 "
+                "(vLLM's enable_moe_shared_loras would serve expert 0's to all); use per-expert or stacked-3d"
+            )
+        out[f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"] = sent[row[0]].unsqueeze(0)
+    for proj, ab in FACTORS:
+        if (proj, ab) not in SHARED_FACTORS:
+            out[f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"] = _stack(sent, rows[(proj, ab)])
+    return out
+
+
+def _rank_major(b: torch.Tensor) -> torch.Tensor:
+    """``[E, out, r]`` as vLLM's 3D ``lora_B [out, r*E]`` (column ``k*E + e``: it reshapes to ``[out, r, E]``)."""
+    num_experts, out, r = b.shape
+    return b.permute(1, 2, 0).reshape(out, r * num_experts)
+
+
+def _stacked_3d(experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor]) -> dict:
+    import torch
+
+    differs = _equal_rows(sent, rows[("gate_proj", "A")], rows[("up_proj", "A")])
+    if differs is not None:
+        raise LayoutError(
+            f"expert layout stacked-3d: {experts} expert {differs} has different gate_proj and up_proj lora_A "
+            "(vLLM's 3D format holds one gate/up lora_A per expert); use per-expert"
+        )
+    gate_up_a = _stack(sent, rows[("gate_proj", "A")])
+    gate_up_b = torch.cat([_stack(sent, rows[("gate_proj", "B")]), _stack(sent, rows[("up_proj", "B")])], dim=1)
+    down_a, down_b = _stack(sent, rows[("down_proj", "A")]), _stack(sent, rows[("down_proj", "B")])
+    return {
+        f"{experts}.base_layer.lora_A.weight": gate_up_a.reshape(-1, gate_up_a.shape[-1]),
+        f"{experts}.base_layer.lora_B.weight": _rank_major(gate_up_b),
+        f"{experts}.lora_A.weight": down_a.reshape(-1, down_a.shape[-1]),
+        f"{experts}.lora_B.weight": _rank_major(down_b),
+    }
+
+
+def arrange(manifest: Manifest, sent: Mapping[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
+    """The tensors vLLM loads for this update in ``layout``: every public name that is not a routed-expert name
+    as it is (a view of its sent tensor), the routed experts per experts module in the layout. Raises
+    :class:`LayoutError` when the update cannot be served so (nothing is handed on then)."""
+    if layout not in (STACKED_3D, SHARED_OUTER):
+        raise LayoutError(f"arrange builds {STACKED_3D} or {SHARED_OUTER}, not {layout!r}")
+    owners, others, other_runs = _owners(manifest)
+    out = {name: sent[s] for name, s in others.items()}
+    for run in other_runs:
+        out.update(dict.fromkeys(run.names(), sent[run.sent]))
+    build = _shared_outer if layout == SHARED_OUTER else _stacked_3d
+    for experts, factors in owners.items():
+        _complete(experts, factors)
+        out.update(build(experts, factors, sent))  # type: ignore[arg-type]  # complete: no None left
+    return out

@@ -1,0 +1,99 @@
+"""``bench load --layouts``: the arithmetic and the report of the layout comparison, and its option checks.
+
+The comparison itself needs vLLM's GPU build (routed-expert LoRA); here the fit, the full-size slot arithmetic, the
+end-to-end rows, the table and the plot run on a report built in the test (its numbers are made up, and say so).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from skyrl_glm.bench import load_layouts as L
+
+
+def test_the_fit_is_exact_on_a_line_and_shows_the_residuals_otherwise() -> None:
+    line = L.fit_line([2, 4, 6], [0.03, 0.05, 0.07], 75)
+    assert line["slope"] == pytest.approx(0.01) and line["intercept"] == pytest.approx(0.01)
+    assert line["value"] == pytest.approx(0.76) and max(map(abs, line["residuals"])) < 1e-12
+    bent = L.fit_line([2, 4, 6], [0.03, 0.07, 0.07], 75)
+    assert bent["residuals"] == pytest.approx([-2 / 300, 4 / 300, -2 / 300])  # a bend is shown, not hidden
+
+
+def test_slot_bytes_scale_per_part_to_the_full_model() -> None:
+    slots = {"routed_experts": 4 * 6 * 100, "other": 2 * 9 * 10, "max_loras": 2}  # 6 MoE layers of 9
+    assert L.slots_at_full_size(slots, moe_layers=6, layers=9) == 2 * 100 * 75 + 10 * 78
+
+
+def _made_up_report() -> dict:
+    """A report shaped as run_layout_bench writes it; the numbers are invented for the test."""
+
+    def layout(slope: float, experts_bytes: int) -> dict:
+        med = {str(k): {s: slope * k + 0.01 for s in L.STAGES} for k in (2, 4)}
+        fit = {s: L.fit_line([2, 4], [med[str(k)][s] for k in (2, 4)], 75) for s in L.STAGES}
+        slots = {"routed_experts": experts_bytes, "other": 1 << 28, "max_loras": 2}
+        return {
+            "started": True,
+            "engine_start_s": 40.0,
+            "slots": slots,
+            "slot_bytes_per_adapter": (experts_bytes + (1 << 28)) / 2,
+            "slot_bytes_per_adapter_at_75": L.slots_at_full_size(slots, 4, 7),
+            "medians_s": med,
+            "fit_75": fit,
+            "runs": {},
+        }
+
+    return {
+        "engine_moe_layers": 4,
+        "rank": 32,
+        "rounds": 3,
+        "max_loras": 2,
+        "layouts": {
+            "per-expert": layout(0.013, 4 << 30),
+            "shared-outer": layout(0.002, 1 << 30),
+            "stacked-3d": {"started": False, "reason": "OutOfMemoryError: made up"},
+        },
+    }
+
+
+def test_end_to_end_rows_add_the_sync_to_the_fitted_load() -> None:
+    report = _made_up_report()
+    sync = {"command": "skyrl-glm bench sync", "paths": {"ours": {"total_s": 0.2}, "skyrl": {"total_s": 0.4}}}
+    rows = L.end_to_end(report, sync)["rows"]
+    shared = report["layouts"]["shared-outer"]["fit_75"]
+    want = 0.2 + shared["load_s"]["value"] + shared["request_s"]["value"]
+    assert rows["skyrl-glm, shared-outer"]["total_s"] == pytest.approx(want)
+    per_expert = report["layouts"]["per-expert"]["fit_75"]
+    skyrl = rows["SkyRL 0.4.0 memory path, per-expert"]
+    assert skyrl["total_s"] == pytest.approx(0.4 + per_expert["load_s"]["value"] + per_expert["request_s"]["value"])
+    assert not any("stacked-3d" in k for k in rows)  # its engine did not start: no row
+
+
+def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
+    report = _made_up_report()
+    report["end_to_end_75"] = L.end_to_end(report, {"paths": {"ours": {"total_s": 0.2}, "skyrl": {"total_s": 0.4}}})
+    L.print_layout_report(report)
+    out = capsys.readouterr().out
+    assert "75 (fit)" in out and "engine did not start" in out and "SkyRL 0.4.0 memory path" in out
+    L.plot_layout_report(report, str(tmp_path / "layouts.png"))
+    assert (tmp_path / "layouts.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "full", "--device", "cuda", "--layouts", "stacked"], "--layouts 'stacked': choose from"),
+        (["--layouts", "per-expert"], "compare layouts at full width: add --config full"),
+        (["--layers", "2,x"], "--layers '2,x': give MoE layer counts"),
+        (["--layers", "2,4"], "several --layers counts are measured per layout: add --layouts"),
+    ],
+)
+def test_bad_layout_options_are_one_line(args: list[str], message: str) -> None:
+    got = subprocess.run(
+        [sys.executable, "-m", "skyrl_glm.cli", "bench", "load", *args], capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 2, got.stderr
+    lines = got.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], got.stderr

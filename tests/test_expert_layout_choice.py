@@ -1,0 +1,87 @@
+"""Which routed-expert layout an engine runs: chosen once, from the recipe or the command line, refused with one
+line where it cannot serve the adapter, and nothing changes for a user who sets nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from skyrl_glm.cli import main
+from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
+from skyrl_glm.plugins import registry
+from skyrl_glm.skyrl.config import load_config
+from skyrl_glm.skyrl.summary import RunSummary
+from skyrl_glm.sync import expert_layout as layouts
+
+TINY = "tiny_cpu_grpo"
+GLM53 = "glm53_dapo_math"
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    errors = [line for line in (out + err).splitlines() if "error: " in line]
+    assert code == 2 and "Traceback" not in out + err, out + err
+    assert len(errors) == 1 and says in errors[0], out + err
+
+
+def test_nothing_changes_for_a_user_who_sets_nothing() -> None:
+    family = registry().model("glm-4.5")
+    kwargs = vllm_engine_kwargs(family, "/m", lora_targets=family.lora.resolve(sampler="vllm"), device="cuda")
+    assert not set(layouts.ENGINE_FLAGS.values()) & set(kwargs)
+    for recipe in (TINY, GLM53):
+        assert load_config(recipe).skyrl_glm.sync.expert_layout == layouts.PER_EXPERT
+
+
+def test_the_recipes_say_which_layout_they_get() -> None:
+    from skyrl_glm.skyrl.config import packaged_recipes, resolve_recipe
+
+    for name in packaged_recipes():
+        text = resolve_recipe(name).read_text()
+        assert "expert_layout:" in text or "base: dapo_math_base" in text, name
+
+
+@pytest.mark.parametrize("layout", [layouts.STACKED_3D, layouts.SHARED_OUTER])
+def test_a_layout_sets_its_engine_argument(layout: str) -> None:
+    family = registry().model("glm-4.5")
+    targets = family.lora.resolve(sampler="vllm")
+    kwargs = vllm_engine_kwargs(family, "/m", lora_targets=targets, device="cuda", expert_layout=layout)
+    assert layouts.layout_of(kwargs) == layout
+
+
+def test_shared_outer_is_accepted_for_megatron_with_shared_expert_adapters() -> None:
+    cfg = load_config(GLM53, ["skyrl_glm.sync.expert_layout=shared-outer"])
+    from skyrl_glm.skyrl.config import check_consistency
+
+    check_consistency(cfg)  # raises ConfigError when refused
+    assert RunSummary("memory", cfg.skyrl_glm.sync.expert_layout).to_json()["expert_layout"] == "shared-outer"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "override", "says"),
+    [
+        (GLM53, "skyrl_glm.sync.expert_layout=stacked", "skyrl_glm.sync.expert_layout: must be one of"),
+        (GLM53, "skyrl_glm.sync.expert_layout=stacked-3d", "SkyRL 0.4.0's servers do not send"),
+        (TINY, "skyrl_glm.sync.expert_layout=shared-outer", "only Megatron with"),
+        (
+            GLM53,
+            "skyrl_glm.sync.expert_layout=shared-outer trainer.policy.model.lora.share_expert_adapters=false",
+            "share_expert_adapters=true trains such an adapter",
+        ),
+    ],
+)
+def test_a_layout_the_run_cannot_serve_is_one_line(capsys, recipe: str, override: str, says: str) -> None:
+    _refused(capsys, ["recipes", "validate", recipe, *override.split()], says)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["check", "--expert-layout", "shared-outer"], "vLLM's CPU build serves no routed-expert LoRA"),
+        (["check-matrix", "--expert-layout", "stacked-3d"], "vLLM's CPU build serves no routed-expert LoRA"),
+        (["check-matrix", "--seeds", "3-x"], "--seeds '3-x': give comma-separated integers"),
+        (["check", "--group-margin", "nan"], "group_margin"),
+        (["check", "--fault", "drop-experts"], "--fault drop-experts needs a routed_expert LoRA target"),
+    ],
+)
+def test_the_check_refuses_a_layout_before_any_engine(capsys, argv: list[str], says: str) -> None:
+    _refused(capsys, argv, says)

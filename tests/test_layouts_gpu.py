@@ -1,0 +1,93 @@
+"""The routed experts' serving layouts on vLLM's GPU build: each layout applied by vLLM's own loader and kernels
+(the five-step check passes with the routed experts as the only targets, a stale or dropped adapter fails), the
+shared-outer refusal on the real engine, and drop-experts failing the default check on every seed. One engine per
+test (``run_matrix`` shares it); each test is setup-dominated, about one minute on one H200.
+
+GPU only (skipped on CPU CI). ``SKYRL_GLM_GPU_RESULTS=DIR`` keeps each matrix's JSON report there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("vllm")
+
+EXPERTS_ONLY = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+SEEDS = list(range(20))
+
+
+def _keep(result: dict, name: str) -> None:
+    if out := os.environ.get("SKYRL_GLM_GPU_RESULTS"):
+        Path(out, name).write_text(json.dumps(result, indent=1))
+
+
+def _outcomes(result: dict) -> dict[tuple[str, int], str]:
+    return {(r["fault"], r["seed"]): r["outcome"] for r in result["checks"]}
+
+
+@pytest.mark.parametrize("layout", ["per-expert", "stacked-3d", "shared-outer"])
+def test_each_layout_serves_the_routed_experts(layout: str) -> None:
+    from skyrl_glm.check.matrix import run_matrix
+    from skyrl_glm.check.runner import CheckOptions
+
+    options = CheckOptions(model="glm-5.3", device="cuda", lora_targets=EXPERTS_ONLY, expert_layout=layout)
+    result = run_matrix(options, ["ipc"], ["none", "no-publish", "drop-experts"], seeds=[0, 1])
+    _keep(result, f"layout_{layout}_glm53.json")
+    got = _outcomes(result)
+    assert got[("none", 0)] == got[("none", 1)] == "PASS", got
+    assert got[("no-publish", 0)] == got[("drop-experts", 0)] == "FAIL at step 5", got
+    three = next(r for r in result["checks"] if r["fault"] == "none")["report"]["steps"][2]
+    assert three["extra"]["alone[routed_expert]"] > 0.1  # the experts alone move the stale sampler past 2x the bound
+    assert result["all_as_expected"]
+
+
+def test_shared_outer_refuses_a_per_expert_adapter_before_it_serves() -> None:
+    """The layout's refusal on the real engine: an adapter whose experts differ cannot be served shared-outer
+    (vLLM would serve expert 0's factors to all); the receiver refuses, the previous version keeps serving."""
+    from skyrl_glm.check.probes import make_probes
+    from skyrl_glm.check.runner import CheckOptions, build, prepare, tiny_model_dir
+    from skyrl_glm.sync.expert_layout import SHARED_OUTER
+
+    options = CheckOptions(
+        model="glm-5.3", device="cuda", transport="ipc", lora_targets=EXPERTS_ONLY, expert_layout=SHARED_OUTER
+    )
+    plan = prepare(options)
+    probes = make_probes(plan.vocab_size)
+    model_dir = tiny_model_dir(plan.family, Path(os.environ.get("TMPDIR", "/tmp")))[0]
+    trainer, sampler, publisher, cleanup = build(options, plan, model_dir, probes)
+    try:
+        assert publisher.publish(trainer.adapter(), trainer.lora_config, 1).ok  # shared experts: served
+        served = sampler.score(probes.sequences)
+        per_expert = dict(trainer.adapter())
+        name = next(n for n in per_expert if ".mlp.experts.1.gate_proj.lora_A" in n)
+        per_expert[name] = per_expert[name] + 0.5  # expert 1 now differs from expert 0
+        result = publisher.publish(per_expert, trainer.lora_config, 2)
+        assert not result.ok and "shared-outer" in result.reason and "expert 1" in result.reason, result.reason
+        assert sampler.score(probes.sequences) == served  # version 1 still serves
+    finally:
+        for step in cleanup:
+            step()
+
+
+@pytest.mark.parametrize("model", ["glm-5.3", "glm-4.5"])
+def test_drop_experts_fails_the_default_check_on_every_seed(model: str) -> None:
+    from skyrl_glm.check.matrix import run_matrix
+    from skyrl_glm.check.runner import CheckOptions
+
+    result = run_matrix(CheckOptions(model=model, device="cuda"), ["ipc"], ["drop-experts"], seeds=SEEDS)
+    _keep(result, f"drop_experts_{model}_x20.json")
+    outcomes = [r["outcome"] for r in result["checks"]]
+    assert outcomes == ["FAIL at step 5"] * len(SEEDS), outcomes
+    weakest = [
+        min(v for k, v in r["report"]["steps"][2]["extra"].items() if k.startswith("alone[")) for r in result["checks"]
+    ]
+    assert min(weakest) > 0.1, weakest

@@ -1,0 +1,194 @@
+"""The routed experts' serving layouts (``skyrl_glm.sync.expert_layout``) against vLLM's own loader code.
+
+vLLM's CPU build cannot run routed-expert LoRA, but the code that turns a loaded adapter into the tensors its
+fused-MoE LoRA slots take runs anywhere (identical in vLLM 0.30 and 0.32): ``PackedLoRALayerWeights.pack_moe`` for
+per-expert names, ``LoRAModelManager._convert_3d_to_2d_moe_lora`` for the 3D format, ``pack_moe_stacked`` plus
+``FusedMoEWithLoRA._match_expert_dim`` for shared-outer. Each layout, fed through its vLLM path, must give the slots
+exactly what the per-expert names give through theirs. The GPU tests prove the engines apply them.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from skyrl_glm.lora.bridge import adapter_config, synthetic_bridge_export
+from skyrl_glm.models import glm5
+from skyrl_glm.sync import expert_layout as layouts
+from skyrl_glm.sync.plan import build_plan
+from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
+
+RANK = 4
+TARGETS = ["self_attn.q_b_proj", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+CONFIG = glm5.tiny_config()
+EXPERTS = CONFIG.n_routed_experts
+MOE_LAYERS = range(CONFIG.first_k_dense_replace, CONFIG.num_hidden_layers)
+
+
+def adapter(shared: bool) -> dict[str, torch.Tensor]:
+    """A Megatron-Bridge-shaped export (``share_expert_adapters`` = ``shared``) under vLLM's PEFT prefix."""
+    stream = synthetic_bridge_export(
+        CONFIG, glm5.FAMILY.lora, rank=RANK, targets=TARGETS, share_expert_adapters=shared, seed=1
+    )
+    return {f"base_model.model.{name}": t for name, t in stream}
+
+
+def receive(tensors: dict[str, torch.Tensor], layout: str, receiver: AdapterReceiver | None = None, version: int = 1):
+    plan = build_plan(tensors, adapter_config=adapter_config(RANK, RANK, TARGETS), lora_name="p", version=version)
+    tx = SharedMemoryTransport()
+    try:
+        rx = receiver or AdapterReceiver(layout=layout)
+        return rx.receive(plan.manifest.to_json(), tx.prepare(plan), tx)
+    finally:
+        tx.release()
+
+
+def vllm_loras(tensors: dict[str, torch.Tensor]):
+    """vLLM's ``LoRAModel`` of these tensors, as its in-memory loader builds it (SkyRL's patch calls the same)."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    helper = PEFTHelper.from_dict(adapter_config(RANK, RANK, TARGETS))
+    return LoRAModel.from_lora_tensors(1, dict(tensors), helper, device="cpu", dtype=torch.float32)
+
+
+def experts_module(layer: int) -> str:
+    return f"model.layers.{layer}.mlp.experts"
+
+
+def slots_per_expert(tensors: dict[str, torch.Tensor], layer: int) -> tuple[list, list]:
+    """What the per-expert names give vLLM's 2D MoE slots: ``pack_moe`` over experts.{e}.{gate,down,up}_proj."""
+    from vllm.lora.lora_weights import PackedLoRALayerWeights
+
+    model = vllm_loras(tensors)
+    names = [f"{experts_module(layer)}.{e}.{p}" for e in range(EXPERTS) for p in ("gate_proj", "down_proj", "up_proj")]
+    packed = PackedLoRALayerWeights.pack_moe([model.loras[n] for n in names], experts_module(layer))
+    return packed.lora_a, packed.lora_b
+
+
+def slots_stacked_3d(tensors: dict[str, torch.Tensor], layer: int) -> tuple[list, list]:
+    """What the 3D tensors give the same slots: vLLM's own 3D -> 2D conversion, run on its loaded model."""
+    from vllm.lora.model_manager import LoRAModelManager
+
+    model = vllm_loras(tensors)
+    module = types.SimpleNamespace(local_num_experts=EXPERTS, global_num_experts=EXPERTS, ep_rank=0)
+    manager = types.SimpleNamespace(
+        model=types.SimpleNamespace(config=types.SimpleNamespace(architectures=["GlmMoeDsaForCausalLM"])),
+        _get_lora_layer_weights=lambda lora_model, name: lora_model.loras.get(name),
+    )
+    LoRAModelManager._convert_3d_to_2d_moe_lora(manager, model, module, experts_module(layer))
+    lora = model.loras[experts_module(layer)]
+    return lora.lora_a, lora.lora_b
+
+
+def slots_shared_outer(tensors: dict[str, torch.Tensor], layer: int) -> tuple[list, list]:
+    """What shared-outer gives them: ``pack_moe_stacked`` over experts.w{1,2,3}, each factor matched to its slot's
+    expert-dim as ``set_lora`` does (shared: 1, read by every expert at kernel time; so broadcast here)."""
+    from vllm.lora.layers.fused_moe import FusedMoEWithLoRA
+    from vllm.lora.lora_weights import PackedLoRALayerWeights
+
+    model = vllm_loras(tensors)
+    stacks = [model.loras[f"{experts_module(layer)}.w{i}"] for i in (1, 2, 3)]
+    packed = PackedLoRALayerWeights.pack_moe_stacked(stacks, experts_module(layer))
+    shared_dims = {"a": (1, EXPERTS, 1), "b": (EXPERTS, 1, EXPERTS)}  # the w1, w2, w3 slots' expert-dims
+    out = {}
+    for side, factors in (("a", packed.lora_a), ("b", packed.lora_b)):
+        matched = []
+        for factor, dim in zip(factors, shared_dims[side], strict=True):
+            buffer = torch.empty(1, dim)  # _match_expert_dim reads the buffer's dim 1
+            got = FusedMoEWithLoRA._match_expert_dim(None, factor, buffer)
+            assert got.shape[0] == dim
+            matched.append(got.expand(EXPERTS, *got.shape[1:]))
+        out[side] = matched
+    return out["a"], out["b"]
+
+
+def assert_same_slots(got: tuple[list, list], want: tuple[list, list]) -> None:
+    for side, (g, w) in enumerate(zip(got, want, strict=True)):
+        for i, (x, y) in enumerate(zip(g, w, strict=True)):
+            assert x.shape == y.shape, (side, i, x.shape, y.shape)
+            assert torch.equal(x, y), (side, i)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_stacked_3d_fills_vllm_slots_as_the_per_expert_names_do(shared: bool) -> None:
+    tensors = adapter(shared)
+    per_expert = receive(tensors, layouts.PER_EXPERT).tensors
+    stacked = receive(tensors, layouts.STACKED_3D).tensors
+    for layer in MOE_LAYERS:
+        assert_same_slots(slots_stacked_3d(stacked, layer), slots_per_expert(per_expert, layer))
+    others = [n for n in per_expert if ".mlp.experts." not in n]
+    assert len(stacked) == len(others) + 4 * len(MOE_LAYERS)  # four tensors per MoE layer instead of 12 * E names
+
+
+def test_shared_outer_fills_vllm_slots_as_the_per_expert_names_do() -> None:
+    tensors = adapter(shared=True)
+    per_expert = receive(tensors, layouts.PER_EXPERT).tensors
+    shared = receive(tensors, layouts.SHARED_OUTER).tensors
+    for layer in MOE_LAYERS:
+        assert_same_slots(slots_shared_outer(shared, layer), slots_per_expert(per_expert, layer))
+        w1_a = shared[f"base_model.model.{experts_module(layer)}.w1.lora_A.weight"]
+        w1_b = shared[f"base_model.model.{experts_module(layer)}.w1.lora_B.weight"]
+        assert w1_a.shape[0] == 1 and w1_b.shape[0] == EXPERTS and w1_b.stride(0) == 0  # one broadcast, no copies
+
+
+@pytest.mark.parametrize("layout", [layouts.STACKED_3D, layouts.SHARED_OUTER])
+def test_other_targets_pass_through_bit_exact(layout: str) -> None:
+    tensors = adapter(shared=True)
+    per_expert = receive(tensors, layouts.PER_EXPERT).tensors
+    got = receive(tensors, layout).tensors
+    others = {n: t for n, t in per_expert.items() if ".mlp.experts." not in n}
+    assert others and all(torch.equal(got[n], t) for n, t in others.items())
+    assert not any(".mlp.experts." in n and ".experts.0." in n for n in got)  # no per-expert name left
+
+
+def test_shared_outer_refuses_an_adapter_whose_experts_differ_and_the_previous_version_stays() -> None:
+    rx = AdapterReceiver(layout=layouts.SHARED_OUTER)
+    first = receive(adapter(shared=True), layouts.SHARED_OUTER, rx, version=1)
+    rx.commit(first.version)
+    known = rx.known
+    with pytest.raises(UpdateRejected, match=r"shared-outer: .*experts expert 1 has another gate_proj.lora_A"):
+        receive(adapter(shared=False), layouts.SHARED_OUTER, rx, version=2)
+    assert rx.version == 1 and rx.known is known
+
+
+def test_shared_outer_compares_values_when_the_sender_sent_equal_copies() -> None:
+    tensors = adapter(shared=True)
+    name = f"base_model.model.{experts_module(MOE_LAYERS[0])}.3.gate_proj.lora_A.weight"
+    tensors[name] = tensors[name].clone()  # equal values, another storage: the sender's dedup still aliases it
+    assert receive(tensors, layouts.SHARED_OUTER).tensors
+    tensors[name] = tensors[name] + 1e-3
+    with pytest.raises(UpdateRejected, match="expert 3 has another gate_proj.lora_A"):
+        receive(tensors, layouts.SHARED_OUTER)
+
+
+def test_stacked_3d_refuses_gate_and_up_with_different_lora_a() -> None:
+    tensors = adapter(shared=False)
+    name = f"base_model.model.{experts_module(MOE_LAYERS[0])}.2.up_proj.lora_A.weight"
+    tensors[name] = tensors[name] + 1.0
+    with pytest.raises(UpdateRejected, match="stacked-3d: .* expert 2 has different gate_proj and up_proj lora_A"):
+        receive(tensors, layouts.STACKED_3D)
+
+
+def test_a_stacked_layout_refuses_an_expert_missing() -> None:
+    tensors = adapter(shared=False)
+    for ab in "AB":
+        del tensors[f"base_model.model.{experts_module(MOE_LAYERS[0])}.1.down_proj.lora_{ab}.weight"]
+    with pytest.raises(UpdateRejected, match=r"down_proj.lora_A misses experts \[1\]"):
+        receive(tensors, layouts.STACKED_3D)
+
+
+def test_the_engine_arguments_decide_the_layout() -> None:
+    assert layouts.layout_of({}) == layouts.PER_EXPERT
+    for layout in layouts.LAYOUTS:
+        assert layouts.layout_of(layouts.engine_arguments(layout)) == layout
+        assert layouts.layout_of(types.SimpleNamespace(**layouts.engine_arguments(layout))) == layout
+    assert layouts.request_fields(layouts.STACKED_3D) == {"is_3d_lora_weight": True}
+    assert layouts.request_fields(layouts.SHARED_OUTER) == {}
+    with pytest.raises(layouts.LayoutError, match="exclusive"):
+        layouts.layout_of({"enable_moe_shared_loras": True, "enable_mixed_moe_lora_format": True})
+    with pytest.raises(layouts.LayoutError, match="unknown expert layout 'stacked'"):
+        layouts.engine_arguments("stacked")
