@@ -22,9 +22,9 @@ from rich.table import Table
 
 from skyrl_glm.check.algorithm import run_check
 from skyrl_glm.check.faults import EXPECTED_FAILURE, FAULTS, FaultNotApplicable
-from skyrl_glm.check.probes import make_probes
+from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import to_dict
-from skyrl_glm.check.runner import CheckOptions, build_publisher, build_sides, prepare, tiny_model_dir
+from skyrl_glm.check.runner import CheckOptions, CheckPlan, build_publisher, build_sides, prepare, tiny_model_dir
 from skyrl_glm.provenance import provenance
 from skyrl_glm.usage import UsageError
 
@@ -47,7 +47,6 @@ def run_matrix(options: CheckOptions, transports: list[str], faults: list[str]) 
             raise UsageError(f"unknown fault {fault!r}; choose from {FAULTS}")
     plans = {t: prepare(replace(options, transport=t)) for t in transports}
     plan = plans[transports[0]]
-    results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-matrix-") as tmp:
         workdir = Path(options.workdir or tmp)
@@ -55,31 +54,8 @@ def run_matrix(options: CheckOptions, transports: list[str], faults: list[str]) 
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
         trainer, sampler, stop = build_sides(options, plan, model_dir, probes)
         setup_s = time.perf_counter() - t0
-        version = 1
         try:
-            for transport in transports:
-                for fault in faults:
-                    trainer.reset_lora_b()
-                    publisher, faulty, release = build_publisher(
-                        plans[transport].transport_class, fault, sampler, workdir / f"{transport}-{fault}"
-                    )
-                    config = replace(options.config, first_version=version)
-                    row: dict[str, Any] = {"transport": transport, "fault": fault, "expected": expected(fault)}
-                    try:
-                        report = run_check(trainer, faulty, publisher, probes, config)
-                    except FaultNotApplicable as e:  # e.g. no shared tensors to drop: not a verdict either way
-                        row.update(outcome="n/a", note=str(e), as_expected=True, report=None)
-                    else:
-                        row["outcome"] = outcome(report)
-                        row.update(as_expected=row["outcome"] == row["expected"], report=to_dict(report))
-                    finally:
-                        for step in release:
-                            step()
-                    version += 2
-                    results.append(row)
-                    console.log(
-                        f"{transport} / {fault}: {row['outcome']} (expected {row['expected']}) {row.get('note', '')}"
-                    )
+            results = run_pairs(trainer, sampler, plans, faults, probes, options, workdir)
         finally:
             for step in stop:
                 step()
@@ -95,6 +71,44 @@ def run_matrix(options: CheckOptions, transports: list[str], faults: list[str]) 
         "checks": results,
         **provenance(),
     }
+
+
+def run_pairs(
+    trainer: Any,
+    sampler: Any,
+    plans: dict[str, CheckPlan],
+    faults: list[str],
+    probes: Probes,
+    options: CheckOptions,
+    workdir: Path,
+    first_version: int = 1,
+) -> list[dict[str, Any]]:
+    """Every (transport of ``plans``, fault) check on sides already set up, one row each; the versions start at
+    ``first_version`` and each check publishes two."""
+    results: list[dict[str, Any]] = []
+    version = first_version
+    for transport, plan in plans.items():
+        for fault in faults:
+            trainer.reset_lora_b()
+            publisher, faulty, release = build_publisher(
+                plan.transport_class, fault, sampler, workdir / f"{transport}-{fault}"
+            )
+            config = replace(options.config, first_version=version)
+            row: dict[str, Any] = {"transport": transport, "fault": fault, "expected": expected(fault)}
+            try:
+                report = run_check(trainer, faulty, publisher, probes, config)
+            except FaultNotApplicable as e:  # e.g. no shared tensors to drop: not a verdict either way
+                row.update(outcome="n/a", note=str(e), as_expected=True, report=None)
+            else:
+                row["outcome"] = outcome(report)
+                row.update(as_expected=row["outcome"] == row["expected"], report=to_dict(report))
+            finally:
+                for step in release:
+                    step()
+            version += 2
+            results.append(row)
+            console.log(f"{transport} / {fault}: {row['outcome']} (expected {row['expected']}) {row.get('note', '')}")
+    return results
 
 
 def print_matrix(result: dict[str, Any]) -> None:

