@@ -113,16 +113,16 @@ def sampler_overrides(model_dir, *, device: str, max_model_len: int | None) -> d
 
 
 # vLLM 0.30's Glm5NextForConditionalGeneration inherits GLM-4V's packed_modules_mapping ({"qkv_proj": [q, k, v],
-# "gate_up_proj": ["gate_up_proj"]}): nothing assembles the adapter's separately named HF modules onto Flash's fused
-# projections, so vLLM drops those LoRAs without a word. SkyRL's worker wrap installs the right mapping (its
-# patch_glm5next_lora_packing); that sampler is "vllm+skyrl" and is left to the check.
+# "gate_up_proj": ["gate_up_proj"]}), which names none of Flash's fused projections: an adapter with the HF
+# modules below has nothing to assemble them onto, and vLLM's loader refuses it ("expected target modules in ...").
+# SkyRL's worker wrap installs the right mapping (its patch_glm5next_lora_packing); that sampler is "vllm+skyrl".
 FUSED_QKV_A_UNMAPPED = (
-    "stock vLLM 0.30's Glm5Next LoRA mapping has no fused_qkv_a_proj entry: the q_a/kv_a LoRA is never assembled "
-    "(SkyRL's worker wrap adds it)"
+    "stock vLLM 0.30's Glm5Next LoRA mapping has no fused_qkv_a_proj entry: it refuses a q_a/kv_a LoRA at load "
+    "(SkyRL's worker wrap adds the entry)"
 )
 GATE_UP_UNMAPPED = (
-    "stock vLLM 0.30's Glm5Next LoRA mapping (inherited from GLM-4V) expects one fused gate_up_proj LoRA: separate "
-    "gate/up LoRAs are never assembled (SkyRL's worker wrap maps them)"
+    "stock vLLM 0.30's Glm5Next LoRA mapping (GLM-4V's) takes one fused gate_up_proj LoRA: it refuses separate "
+    "gate/up LoRAs at load (SkyRL's worker wrap maps them)"
 )
 STOCK_VLLM_DROPS = {
     "self_attn.q_a_proj": FUSED_QKV_A_UNMAPPED,
