@@ -71,9 +71,11 @@ def test_recipe_promises(recipe):
     assert glm.hardware.stated and glm.hardware.gpu == "H200"
     lora = t.policy.model.lora
     assert lora.rank == 32 and lora.share_expert_adapters and not t.policy.megatron_config.lora_config.merge_lora
-    # Sampler-safe targets: exactly the model adapter's default policy on the Megatron side, never kv_b_proj.
+    # Sampler-safe targets: exactly the model adapter's default policy on the Megatron side, never kv_b_proj, for the
+    # sampler the recipe's rollouts run on: SkyRL's vLLM servers, whose worker wrap maps Flash's fused projections
+    # (stock vLLM 0.30 refuses q_a/kv_a and gate/up LoRAs on Flash; docs/models.md).
     family = registry().model(GLM_RECIPES[name])
-    assert list(lora.target_modules) == family.lora.megatron_targets(family.lora.resolve(sampler="vllm"))
+    assert list(lora.target_modules) == family.lora.megatron_targets(family.lora.resolve(sampler="vllm+skyrl"))
     assert "linear_kv_up_proj" not in lora.target_modules
 
 

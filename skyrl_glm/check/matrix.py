@@ -26,7 +26,7 @@ from skyrl_glm.check.algorithm import run_check
 from skyrl_glm.check.faults import EXPECTED_FAILURE, FAULTS, FaultNotApplicable
 from skyrl_glm.check.probes import make_probes
 from skyrl_glm.check.report import to_dict
-from skyrl_glm.check.runner import CheckOptions, build_publisher, build_sides, prepare, tiny_model_dir
+from skyrl_glm.check.runner import CheckOptions, CheckPlan, build_publisher, build_sides, prepare, tiny_model_dir
 from skyrl_glm.provenance import provenance
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
 from skyrl_glm.usage import UsageError, name_list
@@ -55,7 +55,6 @@ def run_matrix(
             raise UsageError(f"unknown fault {fault!r}; choose from {FAULTS}")
     plans = {t: prepare(replace(options, transport=t)) for t in transports}
     plan = plans[transports[0]]
-    results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-matrix-") as tmp:
         workdir = Path(options.workdir or tmp)
@@ -63,39 +62,8 @@ def run_matrix(
         seeds = seeds or [options.config.seed]
         trainer, sampler, stop = build_sides(options, plan, model_dir, make_probes(plan.vocab_size, seed=seeds[0]))
         setup_s = time.perf_counter() - t0
-        version = 1
         try:
-            for seed, transport, fault in itertools.product(seeds, transports, faults):
-                probes = make_probes(plan.vocab_size, seed=seed)
-                trainer.reset_lora_b()
-                if hasattr(trainer, "seed_lora_a"):
-                    trainer.seed_lora_a(seed)
-                publisher, faulty, release = build_publisher(
-                    plans[transport].transport_class, fault, sampler, workdir / f"{transport}-{fault}"
-                )
-                config = replace(options.config, first_version=version, seed=seed)
-                row: dict[str, Any] = {
-                    "transport": transport,
-                    "fault": fault,
-                    "seed": seed,
-                    "expected": expected(fault),
-                }
-                try:
-                    report = run_check(trainer, faulty, publisher, probes, config)
-                except FaultNotApplicable as e:  # e.g. no shared tensors to drop: not a verdict either way
-                    row.update(outcome="n/a", note=str(e), as_expected=True, report=None)
-                else:
-                    row["outcome"] = outcome(report)
-                    row.update(as_expected=row["outcome"] == row["expected"], report=to_dict(report))
-                finally:
-                    for step in release:
-                        step()
-                version += 2
-                results.append(row)
-                console.log(
-                    f"{transport} / {fault} / seed {seed}: {row['outcome']} (expected {row['expected']}) "
-                    f"{row.get('note', '')}"
-                )
+            results = run_pairs(trainer, sampler, plans, faults, options, workdir, seeds)
         finally:
             for step in stop:
                 step()
@@ -113,6 +81,50 @@ def run_matrix(
         "checks": results,
         **provenance(),
     }
+
+
+def run_pairs(
+    trainer: Any,
+    sampler: Any,
+    plans: dict[str, CheckPlan],
+    faults: list[str],
+    options: CheckOptions,
+    workdir: Path,
+    seeds: list[int],
+    first_version: int = 1,
+) -> list[dict[str, Any]]:
+    """Every (seed, transport of ``plans``, fault) check on sides already set up, one row each: the seed draws the
+    probes, the trainer's LoRA A and its perturbation; the versions start at ``first_version`` and each check
+    publishes two."""
+    plan = next(iter(plans.values()))
+    results: list[dict[str, Any]] = []
+    version = first_version
+    for seed, transport, fault in itertools.product(seeds, plans, faults):
+        probes = make_probes(plan.vocab_size, seed=seed)
+        trainer.reset_lora_b()
+        if hasattr(trainer, "seed_lora_a"):
+            trainer.seed_lora_a(seed)
+        publisher, faulty, release = build_publisher(
+            plans[transport].transport_class, fault, sampler, workdir / f"{transport}-{fault}"
+        )
+        config = replace(options.config, first_version=version, seed=seed)
+        row: dict[str, Any] = {"transport": transport, "fault": fault, "seed": seed, "expected": expected(fault)}
+        try:
+            report = run_check(trainer, faulty, publisher, probes, config)
+        except FaultNotApplicable as e:  # e.g. no shared tensors to drop: not a verdict either way
+            row.update(outcome="n/a", note=str(e), as_expected=True, report=None)
+        else:
+            row["outcome"] = outcome(report)
+            row.update(as_expected=row["outcome"] == row["expected"], report=to_dict(report))
+        finally:
+            for step in release:
+                step()
+        version += 2
+        results.append(row)
+        console.log(
+            f"{transport} / {fault} / seed {seed}: {row['outcome']} (expected {row['expected']}) {row.get('note', '')}"
+        )
+    return results
 
 
 def print_matrix(result: dict[str, Any]) -> None:

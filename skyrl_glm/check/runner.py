@@ -19,7 +19,7 @@ from typing import Any
 from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, run_check
 from skyrl_glm.check.faults import FAULT_TABLE, FAULTS, NO_FAULT, inject
 from skyrl_glm.check.probes import Probes, make_probes
-from skyrl_glm.check.scorers import require_vllm
+from skyrl_glm.check.scorers import require_vllm, require_vllm_serves
 from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
@@ -121,6 +121,8 @@ def prepare(options: CheckOptions) -> CheckPlan:
             f"--model {options.model}: {family.name} ({family.hf_model_type}) has no vLLM CPU serving path; "
             "check it on a GPU (--device cuda)"
         )
+    if options.device != "cpu" and options.sampler.startswith("vllm"):
+        require_vllm_serves(family)
     targets = family.lora.resolve(
         options.lora_targets,
         sampler=sampler_backend(options.device, skyrl_worker=options.sampler == "vllm-skyrl"),

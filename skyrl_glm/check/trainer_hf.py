@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.lora.experts import fused_expert_loras, vllm_adapter_config, vllm_expert_adapter
+from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.usage import UsageError
 
 
@@ -72,13 +73,21 @@ class HfPeftTrainer:
         groups: Mapping[str, str] | None = None,
         seed: int = 0,
         shared_experts: bool = False,
+        family: ModelFamily | None = None,
     ) -> None:
+        """``family`` (default: none, a causal LM) says how the checkpoint loads and which modules no adapter
+        touches."""
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        load = family.load_pretrained if family else AutoModelForCausalLM.from_pretrained
+        base = load(model_dir, dtype=dtype).to(device).eval()
         config = LoraConfig(
-            r=rank, lora_alpha=alpha, target_modules=list(targets), target_parameters=list(target_parameters) or None
+            r=rank,
+            lora_alpha=alpha,
+            target_modules=list(targets),
+            target_parameters=list(target_parameters) or None,
+            exclude_modules=family.lora_exclude if family else None,
         )
         self.model = get_peft_model(base, config)
         self.device = device

@@ -216,7 +216,10 @@ class ModelFamily:
     ``tiny_config`` builds a small random-weight config of the same architecture, ``full_config`` the published
     one (None: only facts are known). ``vllm_cpu_dtype``: the dtype vLLM's CPU build serves it in (None: no CPU
     serving path). ``sampler_overrides(model_dir, device=, max_model_len=)`` (optional) returns extra vLLM engine
-    kwargs a checkpoint needs on that device (``hf_overrides``, ``max_model_len``).
+    kwargs a checkpoint needs on that device (``hf_overrides``, ``max_model_len``, ``limit_mm_per_prompt``).
+    ``vllm_architecture``: the model class vLLM serves it as (an older vLLM without it is refused in one line).
+    ``hf_auto_class``: the transformers auto class that loads its checkpoints; ``lora_exclude``: a regex of modules
+    no adapter touches (PEFT's ``exclude_modules``: a vision tower whose MLP names match the text targets).
     """
 
     name: str
@@ -230,6 +233,9 @@ class ModelFamily:
     sampler_overrides: Callable[..., dict[str, Any]] | None = None
     tiny_vocab_size: int = 512
     model_class: Callable[[Any], Any] | None = None  # default: AutoModelForCausalLM.from_config
+    vllm_architecture: str | None = None
+    hf_auto_class: str = "AutoModelForCausalLM"
+    lora_exclude: str | None = None
 
     def config(self, which: str) -> Any:
         """The ``"tiny"`` or ``"full"`` config; a family without a full config says so."""
@@ -247,6 +253,12 @@ class ModelFamily:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_config(config, dtype="float32")
+
+    def load_pretrained(self, model_dir: str, dtype: Any) -> Any:
+        """The checkpoint in ``model_dir`` as transformers loads this architecture (:attr:`hf_auto_class`)."""
+        import transformers
+
+        return getattr(transformers, self.hf_auto_class).from_pretrained(model_dir, dtype=dtype)
 
     def key_facts(self) -> str:
         keys = ("total_params", "active_params", "num_hidden_layers", "hidden_size", "n_routed_experts")

@@ -47,5 +47,6 @@ FAMILY = ModelFamily(
     facts=FACTS,
     lora=LoraPolicy(targets=tuple(gqa_attention() + moe_mlp())),
     tiny_config=tiny_config,
+    vllm_architecture="Glm4MoeForCausalLM",
     vllm_cpu_dtype="float32",  # GQA runs in fp32 on vLLM CPU: what makes a bit-tight CPU handoff check possible
 )

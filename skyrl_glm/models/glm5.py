@@ -6,6 +6,9 @@ only supplies facts, LoRA targets and tiny checkpoints.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from skyrl_glm.checkpoint import read_config
 from skyrl_glm.models.base import LoraPolicy, ModelFamily
 from skyrl_glm.models.targets import dsa_indexer, mla_attention, moe_mlp
@@ -37,6 +40,11 @@ FACTS = {
 # DeepSeek-V2 MoE reads both from the config and defaults to softmax without the bias. Published GLM-5 configs carry
 # them; transformers' GlmMoeDsaConfig does not write them, so a checkpoint saved from it lacks them.
 ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+
+
+def missing_router_fields(config: Mapping[str, Any]) -> dict[str, str]:
+    """The :data:`ROUTER` fields a config (``config.json`` as read) lacks or sets otherwise."""
+    return {k: v for k, v in ROUTER.items() if config.get(k) != v}
 
 
 def full_config():
@@ -78,8 +86,7 @@ def sampler_overrides(model_dir, *, device: str, max_model_len: int | None) -> d
     """On GPU, the router fields the checkpoint lacks (:data:`ROUTER`); on vLLM CPU, serve the checkpoint as
     dense MLA (exact while ``max_model_len <= index_topk``)."""
     if device != "cpu":
-        config = read_config(model_dir)
-        missing = {k: v for k, v in ROUTER.items() if config.get(k) != v}
+        missing = missing_router_fields(read_config(model_dir))
         return {"hf_overrides": missing} if missing else {}
     from transformers import AutoConfig
 
@@ -100,6 +107,7 @@ FAMILY = ModelFamily(
         megatron_lora_kwargs={"share_expert_adapters": True},
     ),
     tiny_config=tiny_config,
+    vllm_architecture="GlmMoeDsaForCausalLM",
     full_config=full_config,
     vllm_cpu_dtype="bfloat16",  # MLA on vLLM CPU runs in bf16 only
     sampler_overrides=sampler_overrides,
