@@ -63,3 +63,20 @@ def test_missing_part_exits_2_in_one_line(kit, monkeypatch: pytest.MonkeyPatch, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "part missing" in err[0]
     assert not (tmp_path / "device" / "stack").exists()
+
+
+def test_site_hook_runs_the_trees_pth_files(kit) -> None:
+    import subprocess
+    import sys
+
+    module, _, tmp_path = kit
+    tree = tmp_path / "site-tree"
+    (tree / "hidden" / "deep").mkdir(parents=True)
+    (tree / "hidden" / "deep" / "found_by_pth.py").write_text("VALUE = 11\n")
+    (tree / "adds.pth").write_text(str(tree / "hidden" / "deep") + "\n")
+    hook = module.write_site_hook(tmp_path / "hook", [str(tree)])
+    code = "import found_by_pth; print(found_by_pth.VALUE)"
+    env = {"PYTHONPATH": f"{hook}:{tree}", "PATH": os.environ.get("PATH", "")}
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "11"
+    plain = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(tree)}, capture_output=True)
+    assert plain.returncode != 0  # a PYTHONPATH folder alone does not run its .pth files
