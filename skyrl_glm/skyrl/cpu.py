@@ -22,10 +22,9 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding
 
 SETUP_HOOK = f"{__name__}.install"
 VLLM_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
@@ -194,46 +193,6 @@ def _patch_device_mesh(device_mesh: types.ModuleType) -> None:
     device_mesh.init_device_mesh = cpu_device_mesh
 
 
-def unpad_input(
-    hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
-    """flash-attn's ``bert_padding.unpad_input`` in plain torch: keep the tokens the mask selects."""
-    import torch
-    import torch.nn.functional as F
-
-    mask = attention_mask if unused_mask is None else attention_mask + unused_mask
-    seqlens = mask.sum(dim=-1, dtype=torch.int32)
-    used = attention_mask.sum(dim=-1, dtype=torch.int32)
-    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
-    cu_seqlens = F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
-    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
-    return flat[indices], indices, cu_seqlens, int(seqlens.max().item()), used
-
-
-def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
-    """flash-attn's ``bert_padding.pad_input`` in plain torch: scatter tokens back into a padded batch."""
-    import torch
-
-    out = torch.zeros(batch * seqlen, *hidden_states.shape[1:], dtype=hidden_states.dtype, device=hidden_states.device)
-    out[indices] = hidden_states
-    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
-
-
-def _provide_bert_padding() -> None:
-    """model_wrapper.py:13 imports ``flash_attn.bert_padding`` unconditionally (even with flash_attn=false)."""
-    if "flash_attn" in sys.modules or importlib.util.find_spec("flash_attn") is not None:
-        return
-    package = types.ModuleType("flash_attn")
-    package.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None, is_package=True)
-    package.__path__ = []
-    padding = types.ModuleType("flash_attn.bert_padding")
-    padding.__spec__ = importlib.machinery.ModuleSpec("flash_attn.bert_padding", None)
-    padding.pad_input = pad_input  # type: ignore[attr-defined]
-    padding.unpad_input = unpad_input  # type: ignore[attr-defined]
-    package.bert_padding = padding  # type: ignore[attr-defined]
-    sys.modules.update({"flash_attn": package, "flash_attn.bert_padding": padding})
-
-
 _installed = False
 
 
@@ -244,7 +203,7 @@ def install() -> None:
         return
     _installed = True
     os.environ.update(runtime_env_vars())
-    _provide_bert_padding()
+    provide_bert_padding()
     sys.meta_path.insert(0, _AfterImport())
     _after_import("torch")(_patch_torch)
     _after_import("torch.distributed")(_patch_distributed)
