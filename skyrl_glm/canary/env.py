@@ -1,11 +1,12 @@
 """``glm_canary``: a single-turn skyrl_gym env whose reward is the share of the response's characters that are
-lowercase ASCII letters (``a``-``z``).
+ASCII digits (``0``-``9``).
 
-Why this reward: it is verifiable from the text alone (skyrl_gym hands an env the decoded response), and a tiny
-random-weight model starts in the middle of its range (~0.6 on the tiny byte-level BPE: its merges are mostly
-lowercase, its byte tokens mostly not), so every GRPO group has reward variance from step 1 and the advantages
-are real. A policy that emits more merge tokens scores higher: the reward rises only if the sampler runs what
-the trainer learned. An empty response scores 0.
+Why this reward: it is verifiable from the text alone (skyrl_gym hands an env the decoded response); a tiny
+random-weight model emits a digit now and then (~4 % of the characters of 16-token responses on the tiny
+byte-level BPE), so most GRPO groups have reward variance from step 1 and the advantages are real; and the few
+tokens that carry digits give the policy gradient one consistent direction, so the reward rises within a few
+steps (a broad set, lowercase letters at ~60 %, gave a gradient too noisy to learn from in as many steps). The
+reward rises only if the sampler runs what the trainer learned. An empty response scores 0.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 ENV_ID = "glm_canary"
-REWARDED = frozenset(string.ascii_lowercase)
+REWARDED = frozenset(string.digits)
 
 
 def canary_reward(response: str) -> float:

@@ -277,6 +277,7 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
 def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
     from skyrl_glm.skyrl.config import ConfigError, missing_data
+    from skyrl_glm.skyrl.hardware import visible_gpu_problem
     from skyrl_glm.skyrl.run_log import log_to_stderr
     from skyrl_glm.usage import PROG, print_error
 
@@ -288,6 +289,8 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         validate_cfg(cfg)
         if problem := missing_data(cfg):
             raise ConfigError(problem)
+        if not os.environ.get("RAY_ADDRESS") and (problem := visible_gpu_problem(cfg)):
+            raise ConfigError(problem)  # before Ray starts: it would wait forever for GPUs that are not here
     except (ConfigError, ValueError, AssertionError) as e:
         return print_error(f"{PROG} train", str(e).splitlines()[0] if str(e) else type(e).__name__)
     return run(cfg, verbose)

@@ -65,4 +65,3 @@ def describe_error(error: BaseException) -> str:
         parts.append(text)
         e = e.__cause__ or e.__context__
     return " <- ".join(parts)
-
