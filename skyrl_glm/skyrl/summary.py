@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The sync's stages as the worker reports them: memory (skyrl-glm's publisher and the receiving workers) and disk
-# (SkyRL's file sync, timed around its save and its load request).
-SYNC_STAGES = ("plan_s", "stage_s", "receive_s", "load_s", "save_s")
+# The sync's stages as the worker reports them: memory (skyrl-glm's publisher: the plan's parts, staging, the
+# transport's stream, the receiving workers' receive, SkyRL's load request) and disk (SkyRL's file sync, timed
+# around its save and its load request).
+PLAN_PARTS = ("dedup_s", "alias_s", "fold_s", "pack_s", "checksum_s", "manifest_s")
+SYNC_STAGES = ("stage_s", "transfer_s", "receive_s", "load_s", "save_s")
 # SkyRL's step timers (``timing/<name>``) kept per step.
 STEP_TIMERS = ("step", "generate", "train_critic_and_policy", "sync_weights")
 MISMATCH_MEAN = "policy/rollout_train_logprobs_abs_diff_mean"
@@ -91,6 +93,8 @@ class RunSummary:
             row.update({f"{name}_s": s.timings.get(name) for name in STEP_TIMERS})
             sync = syncs.get(s.step)
             row["sync_s"] = None if sync is None else sync.seconds
+            parts = [sync.worker[p] for p in PLAN_PARTS if sync is not None and p in sync.worker]
+            row["plan_s"] = sum(parts) if parts else None
             row.update({stage: None if sync is None else sync.worker.get(stage) for stage in SYNC_STAGES})
             row["first_request_s"] = None if sync is None else sync.first_request_s
             a = agree.get(s.step)
