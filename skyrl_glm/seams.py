@@ -192,6 +192,32 @@ SEAMS: tuple[Seam, ...] = (
         "skyrl_glm/skyrl/sync_group.py",
         "posts the group join to one server with its own rank offset (the fan-out sends one payload to all)",
     ),
+    # -- added with the GPU recipes and the per-step figures ---------------------------------------------
+    Seam(
+        "skyrl.backends.skyrl_train.workers.fsdp.fsdp_worker:FSDPPolicyWorkerBase",
+        "_save_lora_adapters_and_sync",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/fsdp.py",
+        "SkyRL's own LoRA file sync (skyrl_glm.sync.mode=disk), wrapped to time its save and vLLM's load of the file",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.model_wrapper",
+        "pad_input",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/flash_attn_stub.py",
+        "imported from flash_attn.bert_padding at module level even with trainer.flash_attn=false: the stand-in "
+        "provides it where flash-attn is missing",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.workers.model_wrapper",
+        "unpad_input",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/flash_attn_stub.py",
+        "the other name model_wrapper imports from flash_attn.bert_padding; the stand-in provides it too",
+    ),
     Seam(
         "ray",
         "_private",

@@ -54,9 +54,20 @@ def test_dapo_math_parquet_deduped_normalised_and_conflicts_dropped(tmp_path):
 
 @pytest.mark.parametrize(
     "value,canonical",
-    [("33", "33"), ("033", "33"), ("+7", "7"), ("-4", "-4"), ("33.0", "33"), (" 12 ", "12"), ("1,000", "1000"),
-     (33.0, "33"), (5, "5"), (2**60 + 1, "1152921504606846977"), ("1152921504606846977", "1152921504606846977"),
-     (float(2**53), "9007199254740992")],
+    [
+        ("33", "33"),
+        ("033", "33"),
+        ("+7", "7"),
+        ("-4", "-4"),
+        ("33.0", "33"),
+        (" 12 ", "12"),
+        ("1,000", "1000"),
+        (33.0, "33"),
+        (5, "5"),
+        (2**60 + 1, "1152921504606846977"),
+        ("1152921504606846977", "1152921504606846977"),
+        (float(2**53), "9007199254740992"),
+    ],
 )
 def test_ground_truth_canonical_integers(value, canonical):
     assert ground_truth(value) == canonical
@@ -64,11 +75,27 @@ def test_ground_truth_canonical_integers(value, canonical):
 
 @pytest.mark.parametrize(
     "value,reason",
-    [("nan", "not an integer"), (float("nan"), "not an integer"), ("", "empty"), ("  ", "empty"),
-     ("33.5", "not an integer"), (2.5, "not an integer"), ("['1', '2']", "container"), ("{'a': 1}", "container"),
-     (["1"], "list"), ({"a": 1}, "dict"), (None, "not an integer"), (True, "not an integer"), ("inf", "not an integer"),
-     ("\\frac{1}{2}", "not an integer"), (1e300, "float past 2**53"), (float(2**60 + 1), "float past 2**53"),
-     ("1" * 5000, "more than 20 digits"), (10**30, "more than 20 digits"), ("1" * 21, "more than 20 digits")],
+    [
+        ("nan", "not an integer"),
+        (float("nan"), "not an integer"),
+        ("", "empty"),
+        ("  ", "empty"),
+        ("33.5", "not an integer"),
+        (2.5, "not an integer"),
+        ("['1', '2']", "container"),
+        ("{'a': 1}", "container"),
+        (["1"], "list"),
+        ({"a": 1}, "dict"),
+        (None, "not an integer"),
+        (True, "not an integer"),
+        ("inf", "not an integer"),
+        ("\\frac{1}{2}", "not an integer"),
+        (1e300, "float past 2**53"),
+        (float(2**60 + 1), "float past 2**53"),
+        ("1" * 5000, "more than 20 digits"),
+        (10**30, "more than 20 digits"),
+        ("1" * 21, "more than 20 digits"),
+    ],
 )
 def test_ground_truth_refused(value, reason):
     with pytest.raises(ValueError, match=re.escape(reason)):

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from skyrl_glm.skyrl import bert_padding, cpu
+from skyrl_glm.skyrl import cpu
 from skyrl_glm.skyrl.config import (
     ConfigError,
     SkyRLGlmConfig,
@@ -166,16 +165,6 @@ def test_train_parser_builds_without_the_training_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"
-
-
-def test_bert_padding_round_trip_matches_masking() -> None:
-    hidden = torch.randn(3, 5, 4)
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
-    flat, indices, cu_seqlens, max_len, used = bert_padding.unpad_input(hidden, mask)
-    assert flat.shape == (9, 4) and cu_seqlens.tolist() == [0, 3, 8, 9] and max_len == 5 and used.tolist() == [3, 5, 1]
-    torch.testing.assert_close(flat, hidden[mask.bool()])
-    back = bert_padding.pad_input(flat, indices, 3, 5)
-    torch.testing.assert_close(back, hidden * mask.unsqueeze(-1))
 
 
 def test_cpu_patches_apply_only_after_install_in_a_fresh_process() -> None:

@@ -1,6 +1,7 @@
-"""SkyRL 0.4's real GRPO loop on CPU (Ray, FSDP2 policy worker, SkyRL's vLLM server + router, the `aime` env)
-with skyrl-glm's sync and check inside it: the tiny recipe, once per sync mode (memory over the collective
-transport on gloo), and once with a broken sync (memory over shared memory).
+"""SkyRL 0.4's real GRPO loop on CPU (Ray, FSDP2 policy worker, SkyRL's vLLM server + router, skyrl-glm's envs)
+with skyrl-glm's sync and check inside it: the canary with the memory sync over the collective transport on gloo
+(the reward must rise: the loop learns through the sync), the tiny recipe with SkyRL's disk sync, and the canary
+with a broken sync (memory over shared memory), which the check stops before step 1.
 
 Each run is a subprocess through one of the two doors (`skyrl-glm train`, or SkyRL's `main_base` with
 `trainer.override_entrypoint=skyrl_glm.train`), about 100 s on 2 cores (Ray, the vLLM CPU server and the policy
@@ -22,6 +23,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/tiny_cpu_grpo.yaml"
+CANARY = "recipes/canary.yaml"
+CANARY_STEPS = 16
+# The canary's rise, mean of the last two steps' reward minus the first two's, must exceed this. Measured
+# 2026-12-01 on the 2-core machine (docs/skyrl.md): memory sync +RISE_MEASURED; a sync that never publishes
+# (check off), where only sampling noise moves the step mean, within +-NOISE_MEASURED.
+MIN_RISE = 0.05
 SECONDS_PER_SYNC: dict[str, list[float]] = {}
 DISK_LORA_WARNING = "saves LoRA adapters to disk"  # SkyRL's warning when trainer and vLLM are not colocated
 
@@ -37,13 +44,13 @@ SKYRL_MAIN = ("-m", "skyrl.train.entrypoints.main_base", "trainer.override_entry
 
 
 def train(
-    tmp: Path, cache: Path, *overrides: str, door: tuple[str, ...] = CLI
+    tmp: Path, cache: Path, *overrides: str, door: tuple[str, ...] = CLI, recipe: str = RECIPE
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     paths = [f"trainer.{key}={tmp / key}" for key in ("export_path", "ckpt_path", "log_path")]
     args = [*paths, f"trainer.policy.model.lora.lora_sync_path={tmp / 'lora_sync'}", *overrides]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SKYRL_GLM_CACHE": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run(
-        [sys.executable, *door, RECIPE, *args],
+        [sys.executable, *door, recipe, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -64,16 +71,19 @@ def run_log(tmp: Path) -> str:
     return log.read_text()
 
 
-def assert_quiet_with_outputs_named(proc: subprocess.CompletedProcess[str], tmp: Path) -> None:
-    """At most 40 lines, one per step, and an end that says where the summary, export, log and report are."""
+def assert_quiet_with_outputs_named(proc: subprocess.CompletedProcess[str], tmp: Path, steps: int = 2) -> None:
+    """At most 40 lines, one per step, the per-step table, and an end that says where the summary, rewards PNG,
+    export, log and report are."""
     lines = (proc.stdout + proc.stderr).splitlines()
     assert len(lines) <= 40, "\n".join(lines)
-    assert any(line.startswith("step 1/2: reward ") for line in lines) and any(
-        line.startswith("step 2/2: reward ") and "agree check ok" in line for line in lines
+    assert any(line.startswith(f"step 1/{steps}: reward ") for line in lines) and any(
+        line.startswith(f"step {steps}/{steps}: reward ") and "agree check ok" in line for line in lines
     ), lines
+    assert any(line.startswith("per step (") for line in lines), lines  # the per-step table's title
     out = proc.stdout.splitlines()
     end = out[next(i for i, line in enumerate(out) if line.startswith("trained in ")) :]
-    assert "handoff check PASS, agree checks 2/2 ok" in end[0], end
+    assert f"handoff check PASS, agree checks {steps}/{steps} ok" in end[0], end
+    assert f"  rewards  {tmp / 'log_path' / 'skyrl_glm_rewards.png'}" in end, end
     (log,) = (tmp / "log_path").glob("skyrl-glm-train-*.log")
     assert f"  summary  {tmp / 'log_path' / 'skyrl_glm_summary.json'}" in end
     assert f"  export   {tmp / 'export_path'}" in end and f"  log      {log}" in end
@@ -81,31 +91,67 @@ def assert_quiet_with_outputs_named(proc: subprocess.CompletedProcess[str], tmp:
     assert "Finished: 'step'" in log.read_text()  # SkyRL's own lines are all in the log file
 
 
-def assert_trained_and_checked(summary: dict[str, Any], mode: str) -> None:
+def assert_trained_and_checked(summary: dict[str, Any], mode: str, steps: int = 2) -> None:
     assert summary["sync_mode"] == mode
     assert summary["expert_layout"] == "per-expert"  # the recipe's, set as the engines' argument
-    # one sync before step 1, one after each of the 2 steps
-    assert len(summary["syncs"]) == 3, summary["syncs"]
+    # one sync before step 1, one after each step
+    assert [s["step"] for s in summary["syncs"]] == list(range(steps + 1)), summary["syncs"]
     assert summary["check"]["passed"], summary["check"]
-    steps = summary["check"]["report"]["steps"]
-    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5] and all(s["passed"] for s in steps)
-    assert [a["sync"] for a in summary["agree"]] == [2, 3] and all(a["passed"] for a in summary["agree"])
+    check_steps = summary["check"]["report"]["steps"]
+    assert [s["step"] for s in check_steps] == [1, 2, 3, 4, 5] and all(s["passed"] for s in check_steps)
+    assert [a["sync"] for a in summary["agree"]] == list(range(2, steps + 2)), summary["agree"]
+    assert all(a["passed"] for a in summary["agree"])
     last = summary["agree"][-1]
     assert last["lora_b_max"] > 0, "LoRA B never left its zero initialisation: nothing trained"
     # after the last sync the sampler's logprobs match the trainer's (tolerances of the recipe's check)
     assert last["prefill_max"] <= 1e-2 and last["decode_max"] <= 1e-2, last
     SECONDS_PER_SYNC[mode] = [s["seconds"] for s in summary["syncs"]]
+    assert_step_figures(summary, mode, steps)
 
 
-def test_memory_sync_trains_two_grpo_steps_without_writing_an_adapter(tmp_path: Path, model_cache: Path) -> None:
+def assert_step_figures(summary: dict[str, Any], mode: str, steps: int) -> None:
+    """One row per step with its reward, step time, the sync after it by stage, the first request on the new
+    version, the agree check's margins with their tolerances, and the mismatch."""
+    rows = summary["steps"]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), rows
+    stages = ("plan_s", "receive_s", "load_s") if mode == "memory" else ("save_s", "load_s")
+    for r in rows:
+        assert r["reward"] is not None and r["step_s"] > 0 and r["generate_s"] > 0, r
+        assert r["sync_s"] > 0 and r["first_request_s"] > 0 and all(r[k] > 0 for k in stages), r
+        assert r["agree_passed"] and r["agree_prefill_max"] <= r["agree_max_tol"] == 1e-2, r
+        assert r["agree_prefill_mean"] <= r["agree_mean_tol"] == 1e-3, r
+        assert r["mismatch_mean"] is not None, r
+
+
+def assert_reward_rises(summary: dict[str, Any]) -> None:
+    """The canary learned: its mean reward rose by more than run-to-run noise can explain."""
+    from skyrl_glm.skyrl.step_table import rewards, rise
+
+    curve = rewards(summary)
+    assert len(curve) == CANARY_STEPS, curve
+    assert rise(curve) > MIN_RISE, f"reward did not rise: {' '.join(f'{r:.3f}' for r in curve)}"
+
+
+# Evals of the tiny math set before step 1 and after the last, so `skyrl-glm report` is exercised on this run too.
+CANARY_EVALS = (
+    f"data.val_data=[{ROOT / 'skyrl_glm' / 'data' / 'tiny_math.jsonl'}]",
+    f"trainer.eval_interval={CANARY_STEPS}",
+    "trainer.eval_before_train=true",
+    "trainer.dump_eval_results=true",
+    "generator.eval_n_samples_per_prompt=2",
+)
+
+
+def test_memory_sync_canary_learns_without_writing_an_adapter(tmp_path: Path, model_cache: Path) -> None:
     # The collective transport (NCCL between separate GPUs) over gloo: a group of the trainer's sending rank and the
     # vLLM worker, the buckets broadcast over it, the manifest over the servers' control plane. The shared-memory
     # transport (what `auto` picks on one node) runs in the broken-sync test below.
-    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.transport=nccl")
+    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.transport=nccl", *CANARY_EVALS, recipe=CANARY)
     assert proc.returncode == 0, tail(proc)
     assert summary is not None
-    assert_trained_and_checked(summary, "memory")
-    assert_quiet_with_outputs_named(proc, tmp_path)
+    assert_trained_and_checked(summary, "memory", CANARY_STEPS)
+    assert_reward_rises(summary)
+    assert_quiet_with_outputs_named(proc, tmp_path, CANARY_STEPS)
     # SkyRL's warning that LoRA adapters are saved to disk is false here (the disk run below shows it is true there)
     assert DISK_LORA_WARNING not in run_log(tmp_path)
     # every sync went through skyrl-glm's publisher (versions count up, plan and receive timed) ...
@@ -115,15 +161,15 @@ def test_memory_sync_trains_two_grpo_steps_without_writing_an_adapter(tmp_path: 
     sync_dir = tmp_path / "lora_sync"
     assert not sync_dir.exists() or not any(sync_dir.iterdir()), list(sync_dir.iterdir())
     # the GLM reward scored the evals SkyRL dumped, and `skyrl-glm report` renders them (table + PNG)
-    report_run_dir(tmp_path / "export_path")
-    assert_mismatch_logged(summary)
+    report_run_dir(tmp_path / "export_path", (0, CANARY_STEPS))
+    assert_mismatch_logged(summary, CANARY_STEPS)
 
 
-def assert_mismatch_logged(summary: dict[str, Any]) -> None:
+def assert_mismatch_logged(summary: dict[str, Any], steps: int = 2) -> None:
     """The recipe's off-policy correction ran (its TIS and outlier-mask metrics exist only when it is on) and each
     step's trainer/sampler mismatch is in the summary."""
     mismatch = summary["mismatch"]
-    assert [m["step"] for m in mismatch] == [1, 2], mismatch
+    assert [m["step"] for m in mismatch] == list(range(1, steps + 1)), mismatch
     for m in mismatch:
         gap = m["policy/rollout_train_logprobs_abs_diff_mean"]
         assert 0 <= gap < 0.05, m  # fp32 on both sides: the sampled tokens' logprobs agree closely
@@ -133,16 +179,17 @@ def assert_mismatch_logged(summary: dict[str, Any]) -> None:
         assert 0 <= m["policy/loss_metrics/outlier_seq_masked_ratio"] <= 1, m
 
 
-def report_run_dir(export: Path) -> None:
+def report_run_dir(export: Path, steps: tuple[int, ...]) -> None:
     from skyrl_glm.cli import main
     from skyrl_glm.dapo.report import collect
 
-    points = collect(export)  # eval before step 1 and after each of the 2 steps; 8 prompts x 2 samples
+    points = collect(export)  # eval before step 1 and after the last step; 8 prompts x 2 samples
     assert [(p.step, p.data_source, p.prompts, p.samples_per_prompt) for p in points] == [
-        (s, "tiny_math", 8, 2) for s in (0, 1, 2)
+        (s, "tiny_math", 8, 2) for s in steps
     ]
-    assert all(p.cap_share > 0.5 for p in points)  # a random model rarely stops inside 8 tokens
-    records = (export / "dumped_evals" / "global_step_2_evals" / "tiny_math.jsonl").read_text().splitlines()
+    assert all(p.cap_share > 0.5 for p in points)  # a random model rarely stops inside 16 tokens
+    last = export / "dumped_evals" / f"global_step_{steps[-1]}_evals" / "tiny_math.jsonl"
+    records = last.read_text().splitlines()
     assert all(json.loads(r)["env_class"] == "glm_math" for r in records)
     assert main(["report", str(export), "--png", str(export / "report.png")]) == 0
     assert (export / "report.png").read_bytes()[:4] == b"\x89PNG"
@@ -171,7 +218,7 @@ def test_disk_sync_runs_the_same_recipe(tmp_path: Path, model_cache: Path, capsy
 
 
 def test_a_broken_sync_aborts_at_the_first_check_with_the_report(tmp_path: Path, model_cache: Path) -> None:
-    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.fault=no-publish")
+    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.fault=no-publish", recipe=CANARY)
     assert proc.returncode == 1, tail(proc)
     assert summary is None  # stopped before training finished
     assert "stopped by the handoff check" in proc.stderr, tail(proc)

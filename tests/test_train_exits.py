@@ -36,13 +36,18 @@ def test_missing_data_is_refused_before_anything_starts(tmp_path, glm45_dir):
     assert "Traceback" not in proc.stderr and "Ray" not in proc.stderr  # refused before Ray started
 
 
-@pytest.mark.slow
-def test_gpus_that_ray_does_not_see_are_refused_instead_of_waited_for(tmp_path, glm45_dir):
-    """Without CPU mode the layout asks Ray for real GPUs, which this machine has none of: Ray would wait forever."""
+def test_a_gpu_run_without_a_visible_gpu_is_refused_before_ray_starts(tmp_path, glm45_dir):
+    """Without CPU mode the layout needs real GPUs, which this machine has none of: refused before Ray starts (Ray
+    would otherwise wait forever for them)."""
     proc = _train(tmp_path, glm45_dir, "skyrl_glm.cpu=false", "trainer.logger=console", timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "skyrl-glm train: the layout needs 1 GPUs (colocated) but Ray sees 0" in proc.stderr, proc.stderr[-3000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("skyrl-glm train: error: skyrl_glm.cpu: false, but no CUDA GPU is visible here")
+    ), proc.stderr[-3000:]
+    assert not (tmp_path / "log_path").exists()  # no run log: nothing started
 
 
 @pytest.mark.slow

@@ -46,9 +46,35 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _canary_report(args: argparse.Namespace) -> int:
+    """Per-step tables of several runs and their mean-reward curves in one PNG (e.g. memory, disk, no-publish)."""
+    from skyrl_glm.skyrl.step_table import plot_rewards, print_step_table, read_summary
+
+    if args.run is not None:
+        raise UsageError("report: give either RUN (eval dumps) or --canary RUN_SUMMARY ..., not both")
+    if not args.png:
+        raise UsageError("report --canary: --png PATH is required (where the curves go)")
+    json_path = writable_file("--json", args.json) if args.json else None
+    png = writable_file("--png", args.png)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("the PNG needs matplotlib: pip install 'skyrl-glm[plot]'")
+    summaries = [read_summary(path) for path in args.canary]
+    for summary in summaries:
+        print_step_table(summary, console)
+    if json_path is not None:
+        json_path.write_text(json.dumps([s["steps"] for s in summaries], indent=2))
+        console.print(f"wrote {json_path}", highlight=False)
+    console.print(f"wrote {plot_rewards(summaries, png)}", highlight=False)
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from skyrl_glm.dapo.report import collect, default_png, plot, print_table, to_json
 
+    if args.canary:
+        return _canary_report(args)
+    if args.run is None:
+        raise UsageError("report: give RUN (the run's trainer.export_path) or --canary RUN_SUMMARY ...")
     run = Path(args.run)
     # both outputs are checked before anything is read or printed: a report is never cut short after its table
     json_path = writable_file("--json", args.json) if args.json else None
@@ -75,7 +101,16 @@ def add_parser(sub: Any) -> None:
     prep.set_defaults(func=_cmd_data_prepare)
 
     report = sub.add_parser("report", help="eval mean@n, pass@n, response length, cap share over steps")
-    report.add_argument("run", help="trainer.export_path of the run (holds dumped_evals/), or one eval dump .jsonl")
+    report.add_argument(
+        "run", nargs="?", help="trainer.export_path of the run (holds dumped_evals/), or one eval dump .jsonl"
+    )
+    report.add_argument(
+        "--canary",
+        nargs="+",
+        metavar="SUMMARY",
+        help="instead: per-step tables of these runs (skyrl_glm_summary.json or its trainer.log_path) and their "
+        "reward curves in one PNG",
+    )
     report.add_argument("--png", help="where to write the plot (default: beside the run's dumps)")
     report.add_argument("--json", help="also write the numbers as JSON")
     report.set_defaults(func=_cmd_report)

@@ -99,6 +99,11 @@ class LiveSampler:
             }
         )
 
+    async def first_token(self, prompt: list[int]) -> list[int]:
+        """One greedy token after ``prompt`` (on the event loop): the cheapest request on the served adapter."""
+        answer = await self._sample(prompt, 1, False)
+        return list(answer["sequences"][0]["tokens"])
+
     def _all(self, calls: list[Awaitable[dict[str, Any]]]) -> list[dict[str, Any]]:
         async def gather() -> list[dict[str, Any]]:
             return list(await asyncio.gather(*calls))

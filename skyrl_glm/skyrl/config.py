@@ -235,6 +235,11 @@ def check_consistency(cfg: Any) -> None:
         raise ConfigError(
             "skyrl_glm.sync.transport: ipc moves CUDA memory; with skyrl_glm.cpu=true use cpu, nccl (over gloo) or auto"
         )
+    if glm.sync.mode == "memory" and transport == "ipc" and not trainer.placement.colocate_all:
+        raise ConfigError(
+            "skyrl_glm.sync.transport: ipc maps the trainer's GPU memory into vLLM on the same GPU; set "
+            "trainer.placement.colocate_all=true, or transport=auto (shared memory on one node, nccl across nodes)"
+        )
     if glm.sync.fault != NO_FAULT and glm.sync.mode != "memory":
         raise ConfigError(
             "skyrl_glm.sync.fault: faults are injected into the memory sync; set skyrl_glm.sync.mode=memory"

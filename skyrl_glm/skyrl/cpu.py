@@ -22,12 +22,9 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from skyrl_glm.skyrl.bert_padding import provide_bert_padding
-
-if TYPE_CHECKING:
-    pass
+from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding
 
 SETUP_HOOK = f"{__name__}.install"
 VLLM_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"

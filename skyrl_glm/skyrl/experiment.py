@@ -9,10 +9,12 @@ from typing import Any
 from skyrl.train.dataset import PromptDataset
 from skyrl.train.entrypoints.main_base import BasePPOExp
 
+from skyrl_glm.canary.env import register as register_canary
 from skyrl_glm.dapo.env import register as register_glm_math
 from skyrl_glm.dapo.mismatch import MismatchMetrics
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl import signed_client
+from skyrl_glm.skyrl.step_log import StepMetrics
 from skyrl_glm.skyrl.summary import RunSummary
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
@@ -54,6 +56,7 @@ class GlmPPOExp(BasePPOExp):
         _router_args_compat()
         signed_client.install()  # the trainer's control calls carry the run's signature (the servers' route guard)
         register_glm_math()  # the `glm_math` reward env, in the process that builds the generator
+        register_canary()  # and the canary's
         super().__init__(cfg)
 
     def run(self) -> RunSummary:
@@ -105,5 +108,5 @@ class GlmPPOExp(BasePPOExp):
             generator=generator,
             colocate_pg=colocate_pg,
             worker_classes=registry().skyrl_worker_classes(cfg.trainer.strategy),
-            callbacks=[MismatchMetrics()],
+            callbacks=[MismatchMetrics(), StepMetrics()],
         )

@@ -9,6 +9,8 @@ fused parameters (``mlp.experts.gate_up_proj``), which PEFT reaches only as ``ta
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,10 +23,13 @@ from skyrl_glm.lora.experts import (
     vllm_adapter_config,
     vllm_expert_adapter,
 )
-from skyrl_glm.skyrl.bert_padding import provide_bert_padding
+from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding
 from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
 
-provide_bert_padding()  # before SkyRL's worker modules, which import flash_attn.bert_padding
+# SkyRL's FSDP worker imports flash_attn.bert_padding at module level: the stand-in first where flash-attn is
+# missing (CPU mode, or a GPU stack without a flash-attn wheel). Here because a Ray worker process imports this
+# module to rebuild the actor class.
+provide_bert_padding()
 
 from skyrl.backends.skyrl_train.workers import model_wrapper  # noqa: E402
 from skyrl.backends.skyrl_train.workers.fsdp import fsdp_worker  # noqa: E402
@@ -54,6 +59,43 @@ class FSDPPolicyWorkerBase(GlmSyncMixin, fsdp_worker.FSDPPolicyWorkerBase):
 
     def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
         return (p for n, p in self.model.model.named_parameters() if "lora_B" in n)
+
+    async def _save_lora_adapters_and_sync(
+        self, peft_model: Any, lora_sync_path: str, inference_engine_client: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        """SkyRL's own file sync (``skyrl_glm.sync.mode=disk``), timed: its save (gather, safetensors file, config)
+        and vLLM's load of the file, so memory and disk syncs compare stage by stage."""
+        t0 = time.perf_counter()
+        load_s: list[float] = []
+        load = inference_engine_client.load_lora_adapter
+
+        async def timed_load(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return await load(*a, **k)
+            finally:
+                load_s.append(time.perf_counter() - t)
+
+        inference_engine_client.load_lora_adapter = timed_load  # an instance attribute shadows the method
+        try:
+            await super()._save_lora_adapters_and_sync(
+                peft_model, lora_sync_path, inference_engine_client, *args, **kwargs
+            )
+        finally:
+            del inference_engine_client.load_lora_adapter
+        if torch.distributed.get_rank() == 0:
+            total = time.perf_counter() - t0
+            self._glm_version += 1
+            adapter_file = os.path.join(lora_sync_path, "adapter_model.safetensors")
+            self._glm_last = {
+                "ok": True,
+                "version": self._glm_version,
+                "transport": "disk",
+                "save_s": total - sum(load_s),
+                "load_s": sum(load_s),
+                "total_s": total,
+                "file_bytes": os.path.getsize(adapter_file) if os.path.isfile(adapter_file) else None,
+            }
 
 
 def fsdp_workers() -> tuple[Any, Any, Any]:

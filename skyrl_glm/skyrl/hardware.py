@@ -94,3 +94,34 @@ def ray_shortfall(cfg: Any, resources: dict[str, float]) -> str | None:
             "(skyrl-glm train RECIPE --dry-run prints it) or scale the layout down"
         )
     return None
+
+
+def local_gpu_problem(cfg: Any, cuda_available: bool, device_count: int) -> str | None:
+    """Why a run on this machine's own Ray (no ``RAY_ADDRESS``) cannot place the layout on the GPUs visible here
+    (one line), or None. Checked before Ray starts; CPU mode uses logical GPUs and is never refused here."""
+    if cfg.skyrl_glm.cpu:
+        return None
+    if not cuda_available or device_count == 0:
+        return (
+            "skyrl_glm.cpu: false, but no CUDA GPU is visible here (torch.cuda.is_available() is False); run on a "
+            "GPU machine, point RAY_ADDRESS at a GPU cluster, or set skyrl_glm.cpu=true"
+        )
+    needs = gpu_needs(cfg)
+    single_node = cfg.trainer.placement.policy_num_nodes == 1
+    if single_node and needs.total > device_count:
+        how = "colocated" if needs.colocated else f"{needs.trainer} trainer + {needs.sampler} sampler"
+        return (
+            f"the layout needs {needs.total} GPUs ({how}) but {device_count} are visible here "
+            "(CUDA_VISIBLE_DEVICES); scale the layout down or run where the GPUs are"
+        )
+    return None
+
+
+def visible_gpu_problem(cfg: Any) -> str | None:
+    """:func:`local_gpu_problem` for the GPUs torch sees in this process."""
+    if cfg.skyrl_glm.cpu:
+        return None
+    import torch
+
+    available = torch.cuda.is_available()
+    return local_gpu_problem(cfg, available, torch.cuda.device_count() if available else 0)

@@ -108,6 +108,9 @@ def _experiment(cfg: Any) -> RunSummary:
     from skyrl_glm.skyrl.run_log import log_to_stderr
 
     log_to_stderr()
+    from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding
+
+    provide_bert_padding()  # before SkyRL's worker modules are imported (where flash-attn is missing)
     from skyrl_glm.skyrl.experiment import GlmPPOExp
     from skyrl_glm.skyrl.ports import use_run_ports
 
@@ -117,8 +120,12 @@ def _experiment(cfg: Any) -> RunSummary:
 
 
 def report_summary(cfg: Any, summary: RunSummary) -> Path:
-    """Log the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json``."""
+    """Log the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json`` (with one
+    row of figures per step) and the mean reward per step to ``skyrl_glm_rewards.png`` beside it."""
+    import importlib.util
     import json
+
+    from skyrl_glm.skyrl.step_table import REWARD_PNG, SUMMARY_FILE, plot_rewards
 
     log = logging.getLogger("skyrl_glm.train")
     log.info(
@@ -139,9 +146,12 @@ def report_summary(cfg: Any, summary: RunSummary) -> Path:
             a.lora_b_max,
             "agree" if a.passed else "DISAGREE",
         )
-    path = Path(cfg.trainer.log_path) / "skyrl_glm_summary.json"
+    path = Path(cfg.trainer.log_path) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary.to_json(), indent=2))
+    record = summary.to_json()
+    path.write_text(json.dumps(record, indent=2))
+    if record["steps"] and importlib.util.find_spec("matplotlib") is not None:
+        plot_rewards([record], path.parent / REWARD_PNG)
     return path
 
 
@@ -167,6 +177,8 @@ def closing_lines(cfg: Any, summary: RunSummary, summary_file: Path, log_file: P
     """Where the run's outputs are: the summary JSON, the export directory, the logs, the report command."""
     import shlex
 
+    from skyrl_glm.skyrl.step_table import REWARD_PNG
+
     verdict = "off" if summary.check is None else ("PASS" if summary.check.passed else "FAIL")
     agreed = sum(a.passed for a in summary.agree)
     export = Path(cfg.trainer.export_path).resolve()
@@ -181,6 +193,9 @@ def closing_lines(cfg: Any, summary: RunSummary, summary_file: Path, log_file: P
     infra = os.environ.get("SKYRL_LOG_FILE")
     if infra and Path(infra).is_file():
         lines.append(f"  workers  {infra} (vLLM and policy-worker logs)")
+    png = summary_file.parent / REWARD_PNG
+    if png.is_file():
+        lines.append(f"  rewards  {png.resolve()}")
     if cfg.trainer.dump_eval_results:
         lines.append(f"  report   skyrl-glm report {shlex.quote(str(export))}")
     else:
@@ -248,6 +263,12 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
         print(f"skyrl-glm train: stopped by the handoff check:\n{stopped}", file=sys.stderr)
         print(f"full log: {log_file}", file=sys.stderr)
         return usage.CHECK_FAILED
+    if summary.steps:
+        from rich.console import Console
+
+        from skyrl_glm.skyrl.step_table import print_step_table
+
+        print_step_table(summary.to_json(), Console(width=140, soft_wrap=True))
     for line in closing_lines(cfg, summary, summary_file, log_file, time.perf_counter() - t0):
         print(line)
     return 0
@@ -256,6 +277,7 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
 def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
     from skyrl_glm.skyrl.config import ConfigError, missing_data
+    from skyrl_glm.skyrl.hardware import visible_gpu_problem
     from skyrl_glm.skyrl.key_placement import key_problem
     from skyrl_glm.skyrl.run_log import log_to_stderr
     from skyrl_glm.usage import PROG, print_error
@@ -268,6 +290,8 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         validate_cfg(cfg)
         if problem := missing_data(cfg) or key_problem(cfg):
             raise ConfigError(problem)
+        if not os.environ.get("RAY_ADDRESS") and (problem := visible_gpu_problem(cfg)):
+            raise ConfigError(problem)  # before Ray starts: it would wait forever for GPUs that are not here
     except (ConfigError, ValueError, AssertionError) as e:
         return print_error(f"{PROG} train", str(e).splitlines()[0] if str(e) else type(e).__name__)
     return run(cfg, verbose)

@@ -80,7 +80,11 @@ class GlmPPOTrainer(RayPPOTrainer):
         super().init_weight_sync_state()
         self._glm_sync = self.dispatch.save_weights_for_sampler
         self._glm_syncs = 0
-        self.summary = RunSummary(self.cfg.skyrl_glm.sync.mode, self.cfg.skyrl_glm.sync.expert_layout)
+        glm = self.cfg.skyrl_glm
+        checked = glm.check.before_training or glm.check.every_n_syncs > 0
+        self.summary = RunSummary(
+            glm.sync.mode, glm.sync.expert_layout, run={"fault": glm.sync.fault, "check": checked}
+        )
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
         check = " and the handoff check" if self.cfg.skyrl_glm.check.before_training else ""
         progress.info("policy workers and vLLM up; first sync%s", check)
@@ -93,15 +97,17 @@ class GlmPPOTrainer(RayPPOTrainer):
         self._glm_syncs += 1
         mode = self.cfg.skyrl_glm.sync.mode
         detail = ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_last_sync"))[0]
-        self.summary.syncs.append(SyncRecord(seconds, detail or {}))
+        first_request = await self._first_request_seconds()
+        self.summary.syncs.append(SyncRecord(seconds, detail or {}, self.global_step, first_request))
         log.info(
             "skyrl-glm sync %d (mode %s): %.3f s%s",
             self._glm_syncs,
             mode,
             seconds,
-            f" {_short(detail)}" if detail and mode == "memory" else "",
+            f" {_short(detail)}" if detail else "",
         )
         self.all_metrics.update({"skyrl_glm/sync_s": seconds, "skyrl_glm/syncs": self._glm_syncs})
+        self.all_metrics["skyrl_glm/first_request_s"] = first_request
         check = self.cfg.skyrl_glm.check
         verdict = "no check"
         if self._glm_syncs == 1:
@@ -125,6 +131,15 @@ class GlmPPOTrainer(RayPPOTrainer):
                 seconds,
                 verdict,
             )
+
+    async def _first_request_seconds(self) -> float:
+        """Wall time of one one-token request on the served adapter right after a sync: what the first request on
+        the new version costs (vLLM activates a newly loaded LoRA on first use)."""
+        _, sampler, _ = self._live()
+        prompt = self._probes(self.cfg.skyrl_glm.check.seed).sequences[0][: self.cfg.skyrl_glm.check.prompt_length]
+        t0 = time.perf_counter()
+        await sampler.first_token(prompt)
+        return time.perf_counter() - t0
 
     # -- the check -------------------------------------------------------------------------------------
     def _probes(self, seed: int) -> Probes:
@@ -231,6 +246,9 @@ class GlmPPOTrainer(RayPPOTrainer):
                 decode_max=result.decode.max if result.decode else None,
                 decode_mean=result.decode.mean if result.decode else None,
                 lora_b_max=lora_b,
+                step=self.global_step,
+                mean_tol=config.mean_tol,
+                max_tol=config.max_tol,
             )
         )
         if not result.passed:

@@ -1,10 +1,10 @@
-"""flash-attn's ``bert_padding`` in plain torch, where flash-attn is not installed.
+"""A pure-torch stand-in for ``flash_attn.bert_padding``, put in place only where flash-attn is not installed.
 
-SkyRL 0.4's model wrapper imports ``flash_attn.bert_padding`` at module level, even with ``trainer.flash_attn=false``
-(``model_wrapper.py:13``). flash-attn has no wheel for CPU, nor for torch 2.13 (SkyRL's own pin: it builds from
-source against the CUDA toolkit), so without this module SkyRL's FSDP worker cannot even be imported there.
-:func:`provide_bert_padding` registers a module of that name holding the two functions SkyRL calls; it does nothing
-where flash-attn is installed. CPU mode and the FSDP policy worker call it before SkyRL's worker modules load.
+SkyRL 0.4.0's ``workers/model_wrapper.py:13`` imports ``pad_input`` and ``unpad_input`` from
+``flash_attn.bert_padding`` at module level, even with ``trainer.flash_attn=false``; without flash-attn (CPU
+mode, or a GPU stack with no flash-attn wheel for its torch, e.g. torch 2.13) every policy worker would fail to
+import. With ``trainer.flash_attn=false`` and ``trainer.remove_microbatch_padding=false`` SkyRL calls neither, so
+the stand-in only has to import and be right (``tests/test_flash_attn_stub.py``). Recorded in ``seams.py``.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, se
     return out.reshape(batch, seqlen, *hidden_states.shape[1:])
 
 
-def provide_bert_padding() -> None:
-    """model_wrapper.py:13 imports ``flash_attn.bert_padding`` unconditionally (even with flash_attn=false)."""
+def provide_bert_padding() -> bool:
+    """Put the stand-in in ``sys.modules`` unless flash-attn is installed (or already imported); whether it did."""
     if "flash_attn" in sys.modules or importlib.util.find_spec("flash_attn") is not None:
-        return
+        return False
     package = types.ModuleType("flash_attn")
     package.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None, is_package=True)
     package.__path__ = []
@@ -57,3 +57,4 @@ def provide_bert_padding() -> None:
     padding.unpad_input = unpad_input  # type: ignore[attr-defined]
     package.bert_padding = padding  # type: ignore[attr-defined]
     sys.modules.update({"flash_attn": package, "flash_attn.bert_padding": padding})
+    return True

@@ -1,0 +1,75 @@
+"""The GPU recipes (tiny_gpu_grpo, canary_gpu) build SkyRL 0.4's real config with the layout the lead runs on one
+GPU, and a wrong setting on the GPU path is one line and exit 2 before Ray starts (this machine has no GPU, so
+the no-GPU refusal is tested for real here)."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from omegaconf import OmegaConf
+
+from skyrl_glm.cli import main
+from skyrl_glm.skyrl.config import ConfigError, load_config, resolve_recipe, resolved_transport
+from skyrl_glm.skyrl.hardware import local_gpu_problem
+
+GPU_RECIPES = ("tiny_gpu_grpo", "canary_gpu")
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+@pytest.mark.parametrize("model", ["tiny:glm-5.3", "tiny:glm-4.5"])
+def test_gpu_recipe_is_colocated_bf16_memory_sync_over_ipc_checked_after_every_sync(name: str, model: str) -> None:
+    cfg = load_config(name, [f"trainer.policy.model.path={model}"])
+    assert not cfg.skyrl_glm.cpu and cfg.trainer.placement.colocate_all
+    assert cfg.skyrl_glm.sync.mode == "memory" and resolved_transport(cfg) == "ipc"
+    assert cfg.skyrl_glm.check.before_training and cfg.skyrl_glm.check.every_n_syncs == 1
+    assert (cfg.skyrl_glm.check.mean_tol, cfg.skyrl_glm.check.max_tol) == (0.05, 0.5)  # bf16: the defaults
+    assert not cfg.trainer.flash_attn and not cfg.trainer.remove_microbatch_padding
+    assert cfg.trainer.policy.fsdp_config.mixed_precision.param_dtype == "bf16"
+    assert cfg.generator.inference_engine.model_dtype == "bfloat16"
+    assert cfg.trainer.max_training_steps >= 5
+    # no routed experts: SkyRL's FSDP worker cannot pass PEFT's target_parameters (the recipe's comment says why)
+    targets = cfg.trainer.policy.model.lora.target_modules
+    assert "o_proj" in targets and not any("experts" in t for t in targets)
+    assert cfg.generator.inference_engine.engine_init_kwargs.get("lora_target_modules") is None
+
+
+def test_canary_gpu_has_tiny_gpu_grpos_gpu_settings() -> None:
+    """canary_gpu is composed on the CPU canary and repeats tiny_gpu_grpo's GPU layer: the two must not drift."""
+    tiny = OmegaConf.load(resolve_recipe("tiny_gpu_grpo"))
+    canary = OmegaConf.load(resolve_recipe("canary_gpu"))
+    for key in (
+        "trainer.placement",
+        "trainer.flash_attn",
+        "trainer.remove_microbatch_padding",
+        "trainer.logger",
+        "trainer.policy",
+        "generator.inference_engine",
+        "skyrl_glm",
+    ):
+        assert OmegaConf.select(canary, key) == OmegaConf.select(tiny, key), key
+    built = load_config("canary_gpu")
+    assert built.environment.env_class == "glm_canary" and built.generator.n_samples_per_prompt == 8
+
+
+def test_gpu_recipes_validate_and_dry_run_here(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("canary", *GPU_RECIPES):
+        assert main(["recipes", "validate", name]) == 0
+        assert f"ok {name}" in capsys.readouterr().out
+    assert main(["train", "tiny_gpu_grpo", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "memory sync via ipc" in out and "1 node(s) x 1 H200" in out and "nothing was started" in out, out
+    assert not ray.is_initialized()
+
+
+def test_ipc_without_colocation_is_refused() -> None:
+    with pytest.raises(ConfigError, match="skyrl_glm.sync.transport: ipc .* set trainer.placement.colocate_all=true"):
+        load_config("tiny_gpu_grpo", ["trainer.placement.colocate_all=false", "skyrl_glm.sync.transport=ipc"])
+
+
+def test_local_gpu_problem_names_what_is_missing() -> None:
+    cfg = load_config("tiny_gpu_grpo")
+    assert "no CUDA GPU is visible here" in (local_gpu_problem(cfg, False, 0) or "")
+    assert local_gpu_problem(cfg, True, 1) is None
+    two = load_config("tiny_gpu_grpo", ["trainer.placement.colocate_all=false", "skyrl_glm.hardware.gpus_per_node=2"])
+    assert "needs 2 GPUs (1 trainer + 1 sampler) but 1 are visible here" in (local_gpu_problem(two, True, 1) or "")
+    assert local_gpu_problem(load_config("tiny_cpu_grpo"), False, 0) is None  # CPU mode: logical GPUs

@@ -1,0 +1,108 @@
+"""The per-step figures: the summary's rows joined from syncs, agree checks and mismatch, the step-log callback on
+SkyRL's log payload, the canary's reward, and `skyrl-glm report --canary` over run summaries (no SkyRL run here:
+tests/test_skyrl_train.py checks the rows of real runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from skyrl_glm.canary.env import CanaryEnv, canary_reward
+from skyrl_glm.cli import main
+from skyrl_glm.skyrl.step_log import StepMetrics
+from skyrl_glm.skyrl.step_table import rise
+from skyrl_glm.skyrl.summary import AgreeRecord, RunSummary, SyncRecord
+
+
+def _summary(fault: str = "none", rewards: tuple[float, ...] = (0.04, 0.05, 0.2, 0.3)) -> RunSummary:
+    s = RunSummary("memory", run={"fault": fault, "check": fault == "none"})
+    for step in range(len(rewards) + 1):
+        stages = {"dedup_s": 0.001 * (step + 1), "pack_s": 0.001, "receive_s": 0.002, "load_s": 0.003}
+        s.syncs.append(SyncRecord(0.01 * (step + 1), stages, step, 0.05))
+    s.agree = [AgreeRecord(k + 1, True, 0.002, 0.0005, 0.003, 0.001, 0.4, k, 1e-3, 1e-2) for k in (1, 3)]
+    s.mismatch = [{"step": 2, "policy/rollout_train_logprobs_abs_diff_mean": 3e-7}]
+    callback = StepMetrics()
+    trainer = SimpleNamespace(summary=s)
+    callback.on_log(trainer, SimpleNamespace(logs={"eval/x": 1.0}, global_step=0), None)  # the eval: no timing/step
+    for step, reward in enumerate(rewards, start=1):
+        logs = {"reward/avg_raw_reward": reward, "timing/step": 2.0, "timing/generate": 0.5, "timing/other": 9.0}
+        callback.on_log(trainer, SimpleNamespace(logs=logs, global_step=step), None)
+    return s
+
+
+def test_step_rows_join_each_steps_sync_agree_check_and_mismatch() -> None:
+    rows = _summary().step_rows()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["reward"] for r in rows] == [0.04, 0.05, 0.2, 0.3]
+    assert rows[0]["step_s"] == 2.0 and rows[0]["generate_s"] == 0.5 and "other_s" not in rows[0]
+    assert rows[1]["sync_s"] == 0.03 and rows[1]["first_request_s"] == 0.05
+    assert rows[1]["plan_s"] == pytest.approx(0.004)  # the plan's parts, summed
+    assert rows[0]["agree_prefill_max"] == 0.002 and rows[0]["agree_max_tol"] == 1e-2  # agree after step 1
+    assert rows[1]["agree_passed"] is None  # no agree check after step 2
+    assert rows[1]["mismatch_mean"] == 3e-7 and rows[0]["mismatch_mean"] is None
+
+
+def test_canary_reward_is_the_digit_share() -> None:
+    assert canary_reward("") == 0.0 and canary_reward("abc") == 0.0
+    assert canary_reward("a1b2") == 0.5 and canary_reward("42") == 1.0
+    env = CanaryEnv()
+    out = env.step("x9")
+    assert out["reward"] == 0.5 and out["done"] and env.get_metrics() == {"share": 0.5}
+
+
+def test_rise_compares_the_last_and_first_steps() -> None:
+    assert rise([0.04, 0.05, 0.2, 0.3]) == pytest.approx(0.205)
+    assert rise([0.1, 0.1, 0.1]) == 0.0  # too few steps to tell
+
+
+def _write(tmp_path: Path, name: str, summary: RunSummary) -> Path:
+    path = tmp_path / name / "skyrl_glm_summary.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(summary.to_json()))
+    return path
+
+
+def test_report_canary_prints_each_runs_table_and_plots_the_curves(tmp_path, capsys) -> None:
+    learned = _write(tmp_path, "memory", _summary())
+    stale = _write(tmp_path, "stale", _summary("no-publish", (0.04, 0.05, 0.04, 0.05)))
+    png = tmp_path / "canary.png"
+    assert (
+        main(
+            [
+                "report",
+                "--canary",
+                str(learned),
+                str(stale.parent),
+                "--png",
+                str(png),
+                "--json",
+                str(tmp_path / "c.json"),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "per step (memory sync)" in out and "per step (memory, no-publish, check off sync)" in out, out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert [len(run) for run in json.loads((tmp_path / "c.json").read_text())] == [4, 4]
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "no such run summary"),
+        ("{not json", "not a run summary"),
+        ('{"sync_mode": "memory"}', "no per-step figures"),
+        ('{"steps": [{"step": 1, "reward": "high"}]}', "step 1: reward 'high' is not a finite number"),
+    ],
+)
+def test_report_canary_bad_summary_is_one_line_exit_2(tmp_path, capsys, content, message) -> None:
+    path = tmp_path / "skyrl_glm_summary.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["report", "--canary", str(path), "--png", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
