@@ -54,17 +54,8 @@ def test_dapo_math_parquet_deduped_normalised_and_conflicts_dropped(tmp_path):
 
 @pytest.mark.parametrize(
     "value,canonical",
-    [
-        ("33", "33"),
-        ("033", "33"),
-        ("+7", "7"),
-        ("-4", "-4"),
-        ("33.0", "33"),
-        (" 12 ", "12"),
-        ("1,000", "1000"),
-        (33.0, "33"),
-        (5, "5"),
-    ],
+    [("33", "33"), ("033", "33"), ("+7", "7"), ("-4", "-4"), ("33.0", "33"), (" 12 ", "12"), ("1,000", "1000"),
+     (33.0, "33"), (5, "5")],
 )
 def test_ground_truth_canonical_integers(value, canonical):
     assert ground_truth(value) == canonical
@@ -72,22 +63,10 @@ def test_ground_truth_canonical_integers(value, canonical):
 
 @pytest.mark.parametrize(
     "value,reason",
-    [
-        ("nan", "not an integer"),
-        (float("nan"), "not an integer"),
-        ("", "empty"),
-        ("  ", "empty"),
-        ("33.5", "not an integer"),
-        (2.5, "not an integer"),
-        ("['1', '2']", "container"),
-        ("{'a': 1}", "container"),
-        (["1"], "list"),
-        ({"a": 1}, "dict"),
-        (None, "not an integer"),
-        (True, "not an integer"),
-        ("inf", "not an integer"),
-        ("\\frac{1}{2}", "not an integer"),
-    ],
+    [("nan", "not an integer"), (float("nan"), "not an integer"), ("", "empty"), ("  ", "empty"),
+     ("33.5", "not an integer"), (2.5, "not an integer"), ("['1', '2']", "container"), ("{'a': 1}", "container"),
+     (["1"], "list"), ({"a": 1}, "dict"), (None, "not an integer"), (True, "not an integer"), ("inf", "not an integer"),
+     ("\\frac{1}{2}", "not an integer")],
 )
 def test_ground_truth_refused(value, reason):
     with pytest.raises(ValueError, match=re.escape(reason)):

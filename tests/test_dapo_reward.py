@@ -73,19 +73,8 @@ def test_suite_catches_a_lenient_verifier(monkeypatch):
 
 @pytest.mark.parametrize(
     "text,value",
-    [
-        ("033", 33),
-        ("+033", 33),
-        ("33.0", 33),
-        ("\\dfrac{1}{2}", 0.5),
-        ("\\frac12", 0.5),
-        ("50\\%", 50),
-        ("90^{\\circ}", 90),
-        ("14{,}916", 14916),
-        ("x = -7", -7),
-        ("1,000", 1000),
-        ("2/4", 0.5),
-    ],
+    [("033", 33), ("+033", 33), ("33.0", 33), ("\\dfrac{1}{2}", 0.5), ("\\frac12", 0.5), ("50\\%", 50),
+     ("90^{\\circ}", 90), ("14{,}916", 14916), ("x = -7", -7), ("1,000", 1000), ("2/4", 0.5)],
 )
 def test_numbers_exact(text, value):
     assert as_number(text) == value
@@ -152,12 +141,8 @@ def test_a_dead_helper_is_replaced():
 
 def test_scores_from_a_thread_pool_like_skyrl():
     # SkyRL runs env.step in a ThreadPoolExecutor: math-verify's own signal timeout refuses threads; ours does not.
-    jobs = [
-        ("Answer: \\sqrt{8}", "2\\sqrt{2}", True),
-        ("Answer: \\pi", "\\frac{\\pi}{2}", False),
-        ("Answer: 033", "33", True),
-        ("Answer: 7", "8", False),
-    ] * 3
+    jobs = [("Answer: \\sqrt{8}", "2\\sqrt{2}", True), ("Answer: \\pi", "\\frac{\\pi}{2}", False),
+            ("Answer: 033", "33", True), ("Answer: 7", "8", False)] * 3
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda j: score(j[0], j[1]).correct, jobs))
     assert results == [j[2] for j in jobs]

@@ -90,7 +90,9 @@ def test_forced_fingerprint_collisions_never_alias_unequal_values(monkeypatch):
 def test_non_contiguous_and_odd_sized_tensors_are_compared_by_their_bytes():
     base = torch.arange(24, dtype=torch.bfloat16).reshape(4, 6)
     odd = torch.ones(3, dtype=torch.bfloat16)  # 6 bytes: read through a zero-padded copy
-    d = deduplicate({"t": base.t(), "t2": base.t().contiguous(), "odd": odd, "odd2": odd.clone(), "odd3": odd * 2})
+    d = deduplicate(
+        {"t": base.t(), "t2": base.t().contiguous(), "odd": odd, "odd2": odd.clone(), "odd3": odd * 2}
+    )
     assert d.aliases == {"t2": "t", "odd2": "odd"}
     assert set(d.unique) == {"t", "odd", "odd3"}
 

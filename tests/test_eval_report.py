@@ -121,11 +121,7 @@ def test_report_from_one_dump_file(tmp_path, tokenizer, capsys):
     dump = tmp_path / "dumped_evals" / "global_step_7_evals" / "aime2024.jsonl"
     (point,) = collect(dump)
     assert (point.step, point.data_source, point.accuracy, point.pass_at_n, point.cap_share) == (
-        7,
-        "aime2024",
-        0.5,
-        1.0,
-        0.5,
+        7, "aime2024", 0.5, 1.0, 0.5
     )
     assert main(["report", str(dump)]) == 0
     assert "50.0%" in capsys.readouterr().out
@@ -146,10 +142,8 @@ def _one_line_exit_2(argv, capsys) -> str:
     [
         (['{"score": "1.0", "input_prompt": "p"}'], "aime2024.jsonl:1: score '1.0' is not a number"),
         (['{"score": null, "input_prompt": "p"}'], "aime2024.jsonl:1: score None is not a number"),
-        (
-            ['{"score": 1.0, "input_prompt": "p"}', '{"score": [0.0, 1.0], "input_prompt": "p"}'],
-            "aime2024.jsonl:2: score mixes sequence rewards and token-reward lists",
-        ),
+        (['{"score": 1.0, "input_prompt": "p"}', '{"score": [0.0, 1.0], "input_prompt": "p"}'],
+         "aime2024.jsonl:2: score mixes sequence rewards and token-reward lists"),
         (['{"score": [1.0, "x"], "input_prompt": "p"}'], "aime2024.jsonl:1: score [1.0, 'x'] is not a number"),
         (['{"score": NaN, "input_prompt": "p"}'], "aime2024.jsonl:1: score nan is not a number"),
         (['{"score": true, "input_prompt": "p"}'], "aime2024.jsonl:1: score True is not a number"),

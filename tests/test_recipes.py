@@ -59,21 +59,9 @@ def test_recipe_promises(recipe):
 
 # The loss and advantage settings a recipe must state itself (SkyRL's defaults for some change in its next release).
 EXPLICIT_ALGORITHM = (
-    "advantage_estimator",
-    "grpo_norm_by_std",
-    "advantage_batch_normalize",
-    "zero_variance_filter",
-    "policy_loss_type",
-    "eps_clip_low",
-    "eps_clip_high",
-    "loss_reduction",
-    "temperature",
-    "use_kl_loss",
-    "kl_loss_coef",
-    "use_kl_in_reward",
-    "use_entropy_loss",
-    "enable_sample_support_replay",
-    "dynamic_sampling",
+    "advantage_estimator", "grpo_norm_by_std", "advantage_batch_normalize", "zero_variance_filter",
+    "policy_loss_type", "eps_clip_low", "eps_clip_high", "loss_reduction", "temperature", "use_kl_loss",
+    "kl_loss_coef", "use_kl_in_reward", "use_entropy_loss", "enable_sample_support_replay", "dynamic_sampling",
     "off_policy_correction",
 )
 

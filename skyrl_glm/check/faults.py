@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
     from skyrl_glm.sync.publisher import InMemoryPublisher
 
-
 class FaultNotApplicable(UsageError):
     """The fault cannot be injected into this adapter (e.g. no aliased tensors to drop)."""
 

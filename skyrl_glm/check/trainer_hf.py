@@ -25,9 +25,9 @@ def require_applied(model: Any, modules: Sequence[str], parameters: Sequence[str
     for target in parameters:
         owner, _, param = target.rpartition(".")
         if not any(
-            isinstance(m, ParamWrapper)
-            and m.parameter_name == param
-            and re.sub(r"(\.base_layer)+$", "", n).endswith("." + owner)
+            isinstance(m, ParamWrapper) and m.parameter_name == param and re.sub(r"(\.base_layer)+$", "", n).endswith(
+                "." + owner
+            )
             for n, m in wrapped
         ):
             missing.append(target)

@@ -123,7 +123,9 @@ def unique_adapter(
     the bridge's LoRA shares one adapter across a layer's experts (``share_expert_adapters``), so the export shows
     one storage under every expert name, as SkyRL's ``experts_per_shared_adapter`` hint assumes (exact either way:
     a wrong declaration only sends a duplicate)."""
-    stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=slice_bytes)
+    stream = VllmNamedStream(
+        export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=slice_bytes
+    )
     with paused_gc():  # the stream's pairs are short-lived: a collection would only walk what the slices hold
         dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes)
     todo = {n: t for n, t in dedup.unique.items() if n not in stream.prefolded}

@@ -121,7 +121,7 @@ def runs_of(sent: str, names: Sequence[str], min_run: int = 3) -> tuple[list[Ali
     i, n = 0, len(names)
     while i < n:
         taken = 1
-        for head, idx, tail in split_index(names[i])[:1] if n - i >= min_run else []:
+        for head, idx, tail in (split_index(names[i])[:1] if n - i >= min_run else []):
             # the longest k for which names[i + k - 1] is the run's k-th name (binary search on probes) ...
             lo, hi = 1, min(n - i, MAX_INDEX - idx)
             while lo < hi:
@@ -188,7 +188,9 @@ class NameIndex:
                         if not middle.isdigit() or not middle.isascii() or (middle != "0" and middle[0] == "0"):
                             continue
                         if self._interval((head, tail), int(middle)) and self._interval((h2, t2), j):
-                            raise AliasError(f"alias runs {head}[...]{tail} and {h2}[...]{t2} can name the same tensor")
+                            raise AliasError(
+                                f"alias runs {head}[...]{tail} and {h2}[...]{t2} can name the same tensor"
+                            )
 
     def _in_run(self, name: str) -> str | None:
         """The sent name a run gives ``name``, or None."""

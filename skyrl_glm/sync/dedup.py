@@ -44,7 +44,6 @@ from skyrl_glm.sync.compare import equal_at, equal_pairs
 SLICE = 4096  # stream pairs decided together (bounds what the exporter's duplicates hold)
 PART = 256  # pairs read at once while a slice's bytes are counted
 
-
 @dataclass
 class Dedup:
     """Result of deduplication: the tensors to send, each with every public name that shows it."""

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from skyrl_glm.skyrl.publish import SkyRLServers
     from skyrl_glm.sync.vllm.async_engine import AsyncVllmEngineSampler
 
-
 class InMemoryPublisher:
     """Deduplicated, checksummed, in-memory handoff through any registered transport."""
 

@@ -65,3 +65,4 @@ def describe_error(error: BaseException) -> str:
         parts.append(text)
         e = e.__cause__ or e.__context__
     return " <- ".join(parts)
+
