@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/tiny_cpu_grpo.yaml"
 CANARY = "recipes/canary.yaml"
 CANARY_STEPS = 16
-# The canary's rise, mean of the last two steps' reward minus the first two's, must exceed this. Measured
-# 2026-12-01 on the 2-core machine (docs/skyrl.md): memory sync +RISE_MEASURED; a sync that never publishes
-# (check off), where only sampling noise moves the step mean, within +-NOISE_MEASURED.
-MIN_RISE = 0.05
+# The canary's rise, the mean reward of the last four steps minus the first four's, must exceed this. Measured
+# 2026-12-01 on the 2-core machine (docs/skyrl.md), 16 steps: memory sync +0.017, +0.021; a sync that never publishes
+# (check off) -0.0015, its step means scattered by 0.004 (std), so the rise of such a run has a std of ~0.003.
+MIN_RISE = 0.01
+RISE_WINDOW = 4
 SECONDS_PER_SYNC: dict[str, list[float]] = {}
 DISK_LORA_WARNING = "saves LoRA adapters to disk"  # SkyRL's warning when trainer and vLLM are not colocated
 
@@ -72,10 +73,10 @@ def run_log(tmp: Path) -> str:
 
 
 def assert_quiet_with_outputs_named(proc: subprocess.CompletedProcess[str], tmp: Path, steps: int = 2) -> None:
-    """At most 40 lines, one per step, the per-step table, and an end that says where the summary, rewards PNG,
-    export, log and report are."""
+    """At most 20 lines plus two per step (its progress line and its row of the per-step table), and an end that
+    says where the summary, rewards PNG, export, log and report are."""
     lines = (proc.stdout + proc.stderr).splitlines()
-    assert len(lines) <= 40, "\n".join(lines)
+    assert len(lines) <= 20 + 2 * steps, "\n".join(lines)
     assert any(line.startswith(f"step 1/{steps}: reward ") for line in lines) and any(
         line.startswith(f"step {steps}/{steps}: reward ") and "agree check ok" in line for line in lines
     ), lines
@@ -129,7 +130,7 @@ def assert_reward_rises(summary: dict[str, Any]) -> None:
 
     curve = rewards(summary)
     assert len(curve) == CANARY_STEPS, curve
-    assert rise(curve) > MIN_RISE, f"reward did not rise: {' '.join(f'{r:.3f}' for r in curve)}"
+    assert rise(curve, RISE_WINDOW) > MIN_RISE, f"reward did not rise: {' '.join(f'{r:.3f}' for r in curve)}"
 
 
 # Evals of the tiny math set before step 1 and after the last, so `skyrl-glm report` is exercised on this run too.

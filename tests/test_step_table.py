@@ -85,7 +85,7 @@ def test_report_canary_prints_each_runs_table_and_plots_the_curves(tmp_path, cap
         == 0
     )
     out = capsys.readouterr().out
-    assert "per step (memory sync)" in out and "per step (memory, no-publish, check off sync)" in out, out
+    assert "per step (memory sync)" in out and "per step (memory sync, no-publish, check off)" in out, out
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert [len(run) for run in json.loads((tmp_path / "c.json").read_text())] == [4, 4]
 

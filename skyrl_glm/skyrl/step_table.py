@@ -37,7 +37,7 @@ def _num(value: Any, fmt: str = ".3g") -> str:
 def label(summary: dict[str, Any]) -> str:
     """How a run is named in a table title and a plot legend: its sync mode, a fault, the check when off."""
     run = summary.get("run") or {}
-    parts = [str(summary.get("sync_mode", "?"))]
+    parts = [f"{summary.get('sync_mode', '?')} sync"]
     if run.get("fault") not in (None, "none"):
         parts.append(str(run["fault"]))
     if run.get("check") is False:
@@ -69,7 +69,7 @@ def read_summary(path: str | Path) -> dict[str, Any]:
 def print_step_table(summary: dict[str, Any], console: Console) -> None:
     """Reward, step time, the sync after the step by stage, the first request, the agree check's margins against
     its tolerances and the trainer/sampler mismatch, per step (times in ms)."""
-    table = Table(title=f"per step ({label(summary)} sync)", title_justify="left")
+    table = Table(title=f"per step ({label(summary)})", title_justify="left")
     columns = (
         "step",
         "reward",
