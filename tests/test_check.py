@@ -104,9 +104,10 @@ def test_drop_aliases_refuses_an_adapter_without_aliases(glm45_trainer, glm45_sa
 
 
 def test_undetectable_perturbation_is_never_a_pass(glm45_trainer, glm45_sampler, versions):
-    report = _check(
-        glm45_trainer, glm45_sampler, InMemoryPublisher(glm45_sampler, SharedMemoryTransport()), versions, scale=0.0
-    )
+    # scale 0 is refused as input; one far below what any logprob can show, with one scale for every group
+    # (group_margin 0: no per-group calibration, which would grow it until the stale sampler disagrees)
+    publisher = InMemoryPublisher(glm45_sampler, SharedMemoryTransport())
+    report = _check(glm45_trainer, glm45_sampler, publisher, versions, scale=1e-12, group_margin=0.0)
     assert not report.passed
     assert report.first_failure.step == 2
 
