@@ -28,8 +28,8 @@ def test_the_section_builds_the_algorithms_settings_from_its_keys() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("skyrl_glm.check.mean_tol=-1", r"skyrl_glm\.check\.mean_tol\b.*>= 0, got -1"),
-        ("skyrl_glm.check.repeat_tol=-0.5", r"skyrl_glm\.check\.repeat_tol\b.*>= 0, got -0\.5"),
+        ("skyrl_glm.check.mean_tol=-1", r"skyrl_glm\.check\.mean_tol\b.*must be in 0\.\.10\.0, got -1"),
+        ("skyrl_glm.check.repeat_tol=-0.5", r"skyrl_glm\.check\.repeat_tol\b.*must be in 0\.\.10\.0, got -0\.5"),
     ],
 )
 def test_a_bound_the_algorithm_refuses_is_refused_at_load(override: str, message: str) -> None:

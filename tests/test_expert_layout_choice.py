@@ -3,6 +3,8 @@ line where it cannot serve the adapter, and nothing changes for a user who sets 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from skyrl_glm.cli import main
@@ -35,9 +37,13 @@ def test_nothing_changes_for_a_user_who_sets_nothing() -> None:
 def test_the_recipes_say_which_layout_they_get() -> None:
     from skyrl_glm.skyrl.config import packaged_recipes, resolve_recipe
 
-    for name in packaged_recipes():
+    def states_layout(name: str) -> bool:  # in the recipe itself or in the recipe it is based on
         text = resolve_recipe(name).read_text()
-        assert "expert_layout:" in text or "base: dapo_math_base" in text, name
+        base = re.search(r"^base:\s*(\S+)", text, re.M)
+        return "expert_layout:" in text or (base is not None and states_layout(base.group(1)))
+
+    for name in packaged_recipes():
+        assert states_layout(name), name
 
 
 @pytest.mark.parametrize("layout", [layouts.STACKED_3D, layouts.SHARED_OUTER])
