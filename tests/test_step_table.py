@@ -18,7 +18,7 @@ from skyrl_glm.skyrl.summary import AgreeRecord, RunSummary, SyncRecord
 
 
 def _summary(fault: str = "none", rewards: tuple[float, ...] = (0.04, 0.05, 0.2, 0.3)) -> RunSummary:
-    s = RunSummary("memory", run={"fault": fault, "check": fault == "none"})
+    s = RunSummary("memory", "per-expert", run={"fault": fault, "check": fault == "none"})
     for step in range(len(rewards) + 1):
         stages = {"dedup_s": 0.001 * (step + 1), "pack_s": 0.001, "receive_s": 0.002, "load_s": 0.003}
         s.syncs.append(SyncRecord(0.01 * (step + 1), stages, step, 0.05))
