@@ -80,3 +80,12 @@ def test_site_hook_runs_the_trees_pth_files(kit) -> None:
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "11"
     plain = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(tree)}, capture_output=True)
     assert plain.returncode != 0  # a PYTHONPATH folder alone does not run its .pth files
+
+
+def test_a_bad_verb_is_one_line_and_exit_2(kit, capsys: pytest.CaptureFixture) -> None:
+    module, _, _ = kit
+    assert module.main(["bogus"]) == 2
+    assert module.main(["build", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("gpu-kit: ") for line in err)
+    assert module.main(["--help"]) == 0
