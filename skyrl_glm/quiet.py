@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 
 QUIET = {
     "VLLM_LOGGING_LEVEL": "ERROR",
@@ -27,6 +28,9 @@ QUIET = {
     ),
 }
 VERBOSE = {"VLLM_LOGGING_LEVEL": "INFO"}
+ENGINE_LOG_ENV = "SKYRL_GLM_ENGINE_LOG"
+"""Where a quiet command's offline vLLM engine writes its output (its engine process's error tracebacks among it):
+set by :func:`configure`, read by the sampler that starts the engine; unset, the engine writes to the terminal."""
 # SkyRL's vLLM patches note at INFO, through SkyRL's own handler, when one is skipped (its GLM-5.3-Flash LoRA
 # packing patch needs torchvision, which the stack leaves out): three wrapped lines atop every ``train``.
 SKYRL_PATCH_NOTES = "skyrl.backends.skyrl_train.patches"
@@ -36,6 +40,9 @@ def configure(verbose: bool) -> None:
     """Logging for a ``skyrl-glm`` command: ours at WARNING (DEBUG with ``-v``), third parties as above."""
     for name, value in (VERBOSE if verbose else QUIET).items():
         os.environ.setdefault(name, value)
+    if not verbose:
+        engine_log = os.path.join(tempfile.gettempdir(), f"skyrl-glm-engine-{os.getpid()}.log")
+        os.environ.setdefault(ENGINE_LOG_ENV, engine_log)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

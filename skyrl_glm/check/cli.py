@@ -13,7 +13,7 @@ from skyrl_glm.check.report import plot, print_table, write_json
 from skyrl_glm.check.runner import CheckOptions, run, transport_choices
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
-from skyrl_glm.usage import name_list, writable_file
+from skyrl_glm.usage import UsageError, name_list, run_failed, writable_file
 
 log = logging.getLogger(__name__)
 console = Console(width=140)
@@ -96,12 +96,19 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
 
 
 def main(args: argparse.Namespace) -> int:
+    from skyrl_glm.sync.vllm.engine import EngineStartError  # imports torch: not at parser build
+
     def on_step(s: StepResult) -> None:
         console.log(f"step {s.step} {s.name}: {'ok' if s.passed else 'FAIL'} ({s.seconds:.2f} s) {s.detail}")
 
     options = options_from_args(args)
-    with console.status("skyrl-glm check") as status:
-        report = run(options, on_step=on_step, on_phase=lambda m: status.update(m))
+    try:
+        with console.status("skyrl-glm check") as status:
+            report = run(options, on_step=on_step, on_phase=lambda m: status.update(m))
+    except EngineStartError as e:
+        if options.allow_unsupported_targets:  # the targets forced past the family's policy are the likely cause
+            raise UsageError(f"{e}; the engine was started with --allow-unsupported-targets") from e
+        return run_failed("skyrl-glm check", e, None)
     print_table(report, console)
     info = report.info
     tiny = info["tiny_model"]

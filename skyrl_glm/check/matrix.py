@@ -29,7 +29,7 @@ from skyrl_glm.check.report import to_dict
 from skyrl_glm.check.runner import CheckOptions, CheckPlan, build_publisher, build_sides, prepare, tiny_model_dir
 from skyrl_glm.provenance import provenance
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
-from skyrl_glm.usage import UsageError, name_list
+from skyrl_glm.usage import UsageError, name_list, run_failed
 
 MAX_SEEDS = 256  # checks per (transport, fault): a few seconds each on one engine
 
@@ -181,6 +181,7 @@ def seed_list(text: str) -> list[int]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from skyrl_glm.sync.vllm.engine import EngineStartError  # imports torch: not at parser build
     from skyrl_glm.usage import writable_file
 
     if args.json:
@@ -197,7 +198,10 @@ def main(args: argparse.Namespace) -> int:
     faults = [f for f in args.faults.split(",") if f]
     if not transports or not faults:
         raise UsageError("--transports and --faults each need at least one name")
-    result = run_matrix(options, transports, faults, seed_list(args.seeds))
+    try:
+        result = run_matrix(options, transports, faults, seed_list(args.seeds))
+    except EngineStartError as e:
+        return run_failed("skyrl-glm check-matrix", e, None)
     print_matrix(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -8,11 +8,16 @@ protocol itself is :class:`~skyrl_glm.sync.vllm.versions.LoraVersions`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+from skyrl_glm.quiet import ENGINE_LOG_ENV
 from skyrl_glm.sync.update import UpdateResult
 from skyrl_glm.sync.vllm.control import sender_key, signed
 from skyrl_glm.sync.vllm.versions import LoraVersions, Op, drive
@@ -110,6 +115,54 @@ def greedy_params(max_tokens: int) -> Any:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0, ignore_eos=True)
 
 
+class EngineStartError(RuntimeError):
+    """vLLM's engine did not start (its engine process raised during model load or LoRA set-up): the message
+    carries that process's own error line and where its full output is."""
+
+
+@contextlib.contextmanager
+def engine_output(path: str | None) -> Iterator[None]:
+    """While vLLM starts its engine process, file descriptors 1 and 2 point at ``path`` (appended): the engine and
+    worker processes inherit them, so their logs (vLLM logs to stdout) and any traceback go there rather than to the
+    terminal, for the engine's whole life. ``None``: left as they are."""
+    if not path:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    saved = {target: os.dup(target) for target in (1, 2)}
+    try:
+        for target in saved:
+            os.dup2(fd, target)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for target, old in saved.items():
+            os.dup2(old, target)
+            os.close(old)
+        os.close(fd)
+
+
+LOG_PREFIX = re.compile(r"^\((?:EngineCore|Worker)[^)]*\)\s+(?:[A-Z]+ [\d-]+ [\d:]+ \[[^\]]*\]\s+)?")
+ERROR_LINE = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception): .+")
+
+
+def start_failure(error: BaseException, log: str | None) -> EngineStartError:
+    """The engine's start failure as one message: the first ``SomethingError: ...`` line its processes wrote to
+    ``log`` that is not a wrapper pointing elsewhere (vLLM's own exception says only "see root cause above"), else
+    vLLM's exception."""
+    lines = Path(log).read_text(errors="replace").splitlines() if log and Path(log).is_file() else []
+    causes = [
+        line
+        for line in (LOG_PREFIX.sub("", raw) for raw in lines)
+        if ERROR_LINE.match(line) and "root cause" not in line
+    ]
+    cause = causes[0] if causes else f"{type(error).__name__}: {error}"
+    return EngineStartError(f"vLLM's engine did not start: {cause}" + (f" (log: {log})" if log else ""))
+
+
 class VllmEngineSampler(LoraVersions):
     """Owns a ``vllm.LLM`` with LoRA enabled and the skyrl-glm worker extension."""
 
@@ -120,7 +173,12 @@ class VllmEngineSampler(LoraVersions):
         settings = engine_settings(engine, max_lora_rank=max_lora_rank)
         super().__init__(settings)
         apply_engine_environment()
-        self.llm = LLM(**settings)
+        log = os.environ.get(ENGINE_LOG_ENV)
+        try:
+            with engine_output(log):
+                self.llm = LLM(**settings)
+        except RuntimeError as e:
+            raise start_failure(e, log) from e
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop the engine now. Left to interpreter exit, vLLM waits 5 s for its engine process (whose CPU
