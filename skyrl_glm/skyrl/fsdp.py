@@ -38,6 +38,19 @@ if not hasattr(model_wrapper.LoraConfig, "expert_parameters_from"):
     model_wrapper.LoraConfig = lora_config_with_expert_parameters(model_wrapper.LoraConfig)
 
 
+def lora_state_where_it_lives(module: Any) -> dict[str, torch.Tensor]:
+    """The adapter's PEFT state, each tensor whole and on the device it trains on: SkyRL's ``collect_lora_params``
+    without its copy to host memory, which suits its file sync, while the CUDA IPC transport sends GPU memory.
+    ``full_tensor()`` is a collective over the FSDP mesh (call on every rank); a tensor that is not sharded is
+    copied, so what is sent never aliases a parameter the next optimizer step changes."""
+    from peft import get_peft_model_state_dict
+
+    return {
+        name: p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach().clone()
+        for name, p in get_peft_model_state_dict(module).items()
+    }
+
+
 class FSDPPolicyWorkerBase(GlmSyncMixin, fsdp_worker.FSDPPolicyWorkerBase):
     """SkyRL's FSDP2 policy worker with skyrl-glm's in-memory LoRA sync."""
 
@@ -47,9 +60,7 @@ class FSDPPolicyWorkerBase(GlmSyncMixin, fsdp_worker.FSDPPolicyWorkerBase):
         return self._is_lora
 
     def _glm_adapter(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        from skyrl.backends.skyrl_train.distributed.fsdp_utils import collect_lora_params
-
-        tensors = collect_lora_params(module=self.model.model)  # full_tensor(): a collective over the FSDP mesh
+        tensors = lora_state_where_it_lives(self.model.model)
         if torch.distributed.get_rank() != 0:
             return None
         peft_model = getattr(self.model.model, "_fsdp_wrapped_module", self.model.model)
