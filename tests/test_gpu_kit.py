@@ -89,3 +89,21 @@ def test_a_bad_verb_is_one_line_and_exit_2(kit, capsys: pytest.CaptureFixture) -
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("gpu-kit: ") for line in err)
     assert module.main(["--help"]) == 0
+
+
+def test_gpu_verify_refuses_skyrls_loop_beside_other_lanes(tmp_path: Path) -> None:
+    """SkyRL's colocated loop frees and retakes GPU memory, which broke the memory profiling of the engines
+    started beside it on one H200: such a lane beside another is one line and exit 2, before anything runs."""
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-verify"), "tests", "kvb,canary_memory"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "lane kvb,canary_memory runs SkyRL's loop" in done.stderr
+    assert not (tmp_path / "out" / "logs" / "gpu.txt").exists()  # nothing ran
