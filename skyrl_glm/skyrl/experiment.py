@@ -11,9 +11,9 @@ from skyrl.train.entrypoints.main_base import BasePPOExp
 
 from skyrl_glm.canary.env import register as register_canary
 from skyrl_glm.dapo.env import register as register_glm_math
-from skyrl_glm.dapo.mismatch import MismatchMetrics
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl import signed_client
+from skyrl_glm.skyrl.mismatch_log import MismatchMetrics
 from skyrl_glm.skyrl.step_log import StepMetrics
 from skyrl_glm.skyrl.summary import RunSummary
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
