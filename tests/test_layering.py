@@ -7,6 +7,7 @@ package imports one. Each domain's commands live in its own package (``models``,
 the commands; of SkyRL itself only the weight-sync helpers it reuses (the alpha fold, the alias expansion). The
 domains below the SkyRL glue (``models``, ``lora``, ``check``, ``dapo``, ``canary``) do not import ``skyrl/``: the
 glue hands them what they need (a callback, a worker extension's name); only their command modules may read it.
+``experimental`` (code no product path calls yet) keeps the sync core's rule, and only ``bench`` imports it.
 """
 
 from __future__ import annotations
@@ -113,7 +114,11 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def sync_core_violations(known: Mapping[str, ast.Module]) -> list[str]:
-    core = [m for m in known if _under(m, ("skyrl_glm.sync",)) and not _under(m, ("skyrl_glm.sync.vllm",))]
+    core = [
+        m
+        for m in known
+        if _under(m, ("skyrl_glm.sync", "skyrl_glm.experimental")) and not _under(m, ("skyrl_glm.sync.vllm",))
+    ]
     return [
         f"{m} (the sync core) imports {n}"
         for m in core
@@ -185,6 +190,25 @@ def test_a_dapo_or_check_import_of_the_glue_fails_the_rule():
         "skyrl_glm.check.fake (skyrl_glm.check) imports skyrl_glm.skyrl.vllm_extension",
         "skyrl_glm.dapo.fake (skyrl_glm.dapo) imports skyrl_glm.skyrl.summary",
         "skyrl_glm.dapo.fake (skyrl_glm.dapo) imports skyrl_glm.skyrl.summary.RunSummary",
+    ]
+
+
+def experiment_violations(known: Mapping[str, ast.Module]) -> list[str]:
+    return [
+        f"{m} imports the experiment {n}"
+        for m in known
+        if not _under(m, ("skyrl_glm.experimental", "skyrl_glm.bench"))
+        for n in sorted(imported(m, known))
+        if _under(n, ("skyrl_glm.experimental",))
+    ]
+
+
+def test_only_the_bench_imports_the_experiments():
+    assert experiment_violations(modules()) == []
+    known = {**modules(), "skyrl_glm.skyrl.fake": ast.parse("from skyrl_glm.experimental.routing import plan\n")}
+    assert experiment_violations(known) == [
+        "skyrl_glm.skyrl.fake imports the experiment skyrl_glm.experimental.routing",
+        "skyrl_glm.skyrl.fake imports the experiment skyrl_glm.experimental.routing.plan",
     ]
 
 
