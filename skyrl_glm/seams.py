@@ -166,7 +166,7 @@ SEAMS: tuple[Seam, ...] = (
         "_slice_moe_lora_ep",
         "attribute",
         VLLM,
-        "skyrl_glm/sync/routing/plan.py",
+        "skyrl_glm/experimental/routing/plan.py",
         "the routing plan gives each expert-parallel vLLM rank the contiguous expert block this method slices",
     ),
     Seam(

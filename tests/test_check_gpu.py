@@ -6,18 +6,11 @@ GPU only (skipped on CPU CI). ``SKYRL_GLM_GPU_RESULTS=DIR`` keeps each matrix's 
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import pytest
+from gpu_vllm import MARKS, keep_result, require_cuda_vllm
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
-
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("vllm")
+pytestmark = MARKS
+require_cuda_vllm()
 
 FAULTS = ["none", "no-publish", "double-scale", "drop-aliases"]
 
@@ -28,8 +21,7 @@ def test_default_targets_pass_and_faults_fail_on_gpu(model: str) -> None:
     from skyrl_glm.check.runner import CheckOptions
 
     result = run_matrix(CheckOptions(model=model, device="cuda"), ["ipc", "disk"], FAULTS)
-    if out := os.environ.get("SKYRL_GLM_GPU_RESULTS"):
-        Path(out, f"check_matrix_{model}.json").write_text(json.dumps(result, indent=1))
+    keep_result(f"check_matrix_{model}.json", result)
     targets = result["lora_targets"]
     assert {"gate_proj", "up_proj", "down_proj"} <= set(targets)  # routed experts published per expert
     rows = {(r["transport"], r["fault"]): r for r in result["checks"]}

@@ -10,7 +10,7 @@ import pytest
 from skyrl_glm.cli import main
 from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.config import load_config
+from skyrl_glm.skyrl.recipes import load_config
 from skyrl_glm.skyrl.summary import RunSummary
 from skyrl_glm.sync import expert_layout as layouts
 
@@ -35,7 +35,7 @@ def test_nothing_changes_for_a_user_who_sets_nothing() -> None:
 
 
 def test_the_recipes_say_which_layout_they_get() -> None:
-    from skyrl_glm.skyrl.config import packaged_recipes, resolve_recipe
+    from skyrl_glm.skyrl.recipes import packaged_recipes, resolve_recipe
 
     def states_layout(name: str) -> bool:  # in the recipe itself or in the recipe it is based on
         text = resolve_recipe(name).read_text()
@@ -56,9 +56,9 @@ def test_a_layout_sets_its_engine_argument(layout: str) -> None:
 
 def test_shared_outer_is_accepted_for_megatron_with_shared_expert_adapters() -> None:
     cfg = load_config(GLM53, ["skyrl_glm.sync.expert_layout=shared-outer"])
-    from skyrl_glm.skyrl.config import check_consistency
+    from skyrl_glm.skyrl.validation import check_consistency
 
-    check_consistency(cfg)  # raises ConfigError when refused
+    check_consistency(cfg.skyrl_glm, cfg.trainer)  # raises ConfigError when refused
     assert RunSummary("memory", cfg.skyrl_glm.sync.expert_layout).to_json()["expert_layout"] == "shared-outer"
 
 

@@ -13,22 +13,16 @@ went wrong in its message, so one run answers each part.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from gpu_vllm import MARKS, keep_result, require_cuda_vllm
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
-
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("vllm")
+pytestmark = MARKS
+torch = require_cuda_vllm()
 
 MODEL = "glm-5.3-flash"
 TRANSPORTS = ["ipc", "disk"]
@@ -39,8 +33,7 @@ PER_EXPERT = re.compile(r"^(?P<head>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<tail>(?:g
 def keep(name: str, result: dict[str, Any]) -> None:
     from skyrl_glm.provenance import provenance
 
-    if out := os.environ.get("SKYRL_GLM_GPU_RESULTS"):
-        Path(out, name).write_text(json.dumps({**result, **provenance()}, indent=1))
+    keep_result(name, {**result, **provenance()})
 
 
 @pytest.fixture(scope="module")

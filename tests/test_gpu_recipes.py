@@ -9,8 +9,9 @@ import ray
 from omegaconf import OmegaConf
 
 from skyrl_glm.cli import main
-from skyrl_glm.skyrl.config import ConfigError, load_config, resolve_recipe, resolved_transport
+from skyrl_glm.skyrl.config import ConfigError, resolved_transport
 from skyrl_glm.skyrl.hardware import local_gpu_problem
+from skyrl_glm.skyrl.recipes import load_config, resolve_recipe
 
 GPU_RECIPES = ("tiny_gpu_grpo", "canary_gpu")
 
@@ -20,7 +21,7 @@ GPU_RECIPES = ("tiny_gpu_grpo", "canary_gpu")
 def test_gpu_recipe_is_colocated_bf16_memory_sync_over_ipc_checked_after_every_sync(name: str, model: str) -> None:
     cfg = load_config(name, [f"trainer.policy.model.path={model}"])
     assert not cfg.skyrl_glm.cpu and cfg.trainer.placement.colocate_all
-    assert cfg.skyrl_glm.sync.mode == "memory" and resolved_transport(cfg) == "ipc"
+    assert cfg.skyrl_glm.sync.mode == "memory" and resolved_transport(cfg.skyrl_glm, cfg.trainer.placement) == "ipc"
     assert cfg.skyrl_glm.check.before_training and cfg.skyrl_glm.check.every_n_syncs == 1
     assert (cfg.skyrl_glm.check.mean_tol, cfg.skyrl_glm.check.max_tol) == (0.05, 0.5)  # bf16: the defaults
     assert not cfg.trainer.flash_attn and not cfg.trainer.remove_microbatch_padding

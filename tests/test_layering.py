@@ -4,7 +4,10 @@ Top-level command modules (``skyrl_glm.cli``, ``skyrl_glm.train``) are doors ent
 package imports one. Each domain's commands live in its own package (``models``, ``check``, ``bench``, ``skyrl``,
 ``dapo``), and the command modules of different domains do not import each other. The sync core (``sync`` outside
 ``sync/vllm``) imports no engine code and no SkyRL glue: not vLLM, not Ray, not ``sync/vllm``, ``skyrl/``, the check,
-the commands; of SkyRL itself only the weight-sync helpers it reuses (the alpha fold, the alias expansion).
+the commands; of SkyRL itself only the weight-sync helpers it reuses (the alpha fold, the alias expansion). The
+domains below the SkyRL glue (``models``, ``lora``, ``check``, ``dapo``, ``canary``) do not import ``skyrl/``: the
+glue hands them what they need (a callback, a worker extension's name); only their command modules may read it.
+``experimental`` (code no product path calls yet) keeps the sync core's rule, and only ``bench`` imports it.
 """
 
 from __future__ import annotations
@@ -58,11 +61,11 @@ def _is_package(name: str) -> bool:
     return (ROOT.joinpath(*name.split(".")[1:]) / "__init__.py").is_file()
 
 
-def is_command(name: str) -> bool:
+def is_command(name: str, known: Mapping[str, ast.Module] | None = None) -> bool:
     """A module that runs a command: it defines ``main``, ``add_parser`` or a ``_cmd_*`` function."""
     return any(
         isinstance(node, ast.FunctionDef) and (node.name in COMMAND_FUNCTIONS or node.name.startswith("_cmd_"))
-        for node in modules()[name].body
+        for node in (known or modules())[name].body
     )
 
 
@@ -111,7 +114,11 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def sync_core_violations(known: Mapping[str, ast.Module]) -> list[str]:
-    core = [m for m in known if _under(m, ("skyrl_glm.sync",)) and not _under(m, ("skyrl_glm.sync.vllm",))]
+    core = [
+        m
+        for m in known
+        if _under(m, ("skyrl_glm.sync", "skyrl_glm.experimental")) and not _under(m, ("skyrl_glm.sync.vllm",))
+    ]
     return [
         f"{m} (the sync core) imports {n}"
         for m in core
@@ -142,6 +149,66 @@ def test_a_sync_core_import_of_the_engine_or_the_glue_fails_the_rule():
         "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.sync.vllm",
         "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.sync.vllm.engine",
         "skyrl_glm.sync.transports.fake (the sync core) imports vllm",
+    ]
+
+
+# The domains below the SkyRL glue, and what each must not import outside its command modules.
+BELOW_THE_GLUE = {
+    domain: ("skyrl_glm.skyrl",)
+    for domain in ("skyrl_glm.models", "skyrl_glm.lora", "skyrl_glm.check", "skyrl_glm.dapo", "skyrl_glm.canary")
+}
+
+
+def below_the_glue_violations(known: Mapping[str, ast.Module]) -> list[str]:
+    return [
+        f"{m} ({domain}) imports {n}"
+        for domain, refused in BELOW_THE_GLUE.items()
+        for m in known
+        if _under(m, (domain,)) and not is_command(m, known)
+        for n in sorted(imported(m, known))
+        if _under(n, refused)
+    ]
+
+
+def test_the_domains_below_the_glue_do_not_import_it():
+    assert below_the_glue_violations(modules()) == []
+
+
+def test_a_dapo_or_check_import_of_the_glue_fails_the_rule():
+    # The rule can fail: a dapo module writing the run summary, a check module naming the worker extension (type-only
+    # too); a dapo command module reading the glue's step table is a door and allowed.
+    known = {
+        **modules(),
+        "skyrl_glm.dapo.fake": ast.parse("from skyrl_glm.skyrl.summary import RunSummary\n"),
+        "skyrl_glm.check.fake": ast.parse(
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..skyrl import vllm_extension\n"
+        ),
+        "skyrl_glm.dapo.fake_cli": ast.parse("def main():\n    from skyrl_glm.skyrl.step_table import read_summary\n"),
+    }
+    assert below_the_glue_violations(known) == [
+        "skyrl_glm.check.fake (skyrl_glm.check) imports skyrl_glm.skyrl",
+        "skyrl_glm.check.fake (skyrl_glm.check) imports skyrl_glm.skyrl.vllm_extension",
+        "skyrl_glm.dapo.fake (skyrl_glm.dapo) imports skyrl_glm.skyrl.summary",
+        "skyrl_glm.dapo.fake (skyrl_glm.dapo) imports skyrl_glm.skyrl.summary.RunSummary",
+    ]
+
+
+def experiment_violations(known: Mapping[str, ast.Module]) -> list[str]:
+    return [
+        f"{m} imports the experiment {n}"
+        for m in known
+        if not _under(m, ("skyrl_glm.experimental", "skyrl_glm.bench"))
+        for n in sorted(imported(m, known))
+        if _under(n, ("skyrl_glm.experimental",))
+    ]
+
+
+def test_only_the_bench_imports_the_experiments():
+    assert experiment_violations(modules()) == []
+    known = {**modules(), "skyrl_glm.skyrl.fake": ast.parse("from skyrl_glm.experimental.routing import plan\n")}
+    assert experiment_violations(known) == [
+        "skyrl_glm.skyrl.fake imports the experiment skyrl_glm.experimental.routing",
+        "skyrl_glm.skyrl.fake imports the experiment skyrl_glm.experimental.routing.plan",
     ]
 
 

@@ -8,26 +8,17 @@ GPU only (skipped on CPU CI). ``SKYRL_GLM_GPU_RESULTS=DIR`` keeps each matrix's 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
+from gpu_vllm import MARKS, keep_result, require_cuda_vllm
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
-
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("vllm")
+pytestmark = MARKS
+require_cuda_vllm()
 
 EXPERTS_ONLY = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 SEEDS = list(range(20))
-
-
-def _keep(result: dict, name: str) -> None:
-    if out := os.environ.get("SKYRL_GLM_GPU_RESULTS"):
-        Path(out, name).write_text(json.dumps(result, indent=1))
 
 
 def _outcomes(result: dict) -> dict[tuple[str, int], str]:
@@ -41,7 +32,7 @@ def test_each_layout_serves_the_routed_experts(layout: str) -> None:
 
     options = CheckOptions(model="glm-5.3", device="cuda", lora_targets=EXPERTS_ONLY, expert_layout=layout)
     result = run_matrix(options, ["ipc"], ["none", "no-publish", "drop-experts"], seeds=[0, 1])
-    _keep(result, f"layout_{layout}_glm53.json")
+    keep_result(f"layout_{layout}_glm53.json", result)
     got = _outcomes(result)
     assert got[("none", 0)] == got[("none", 1)] == "PASS", got
     assert got[("no-publish", 0)] == got[("drop-experts", 0)] == "FAIL at step 5", got
@@ -84,7 +75,7 @@ def test_drop_experts_fails_the_default_check_on_every_seed(model: str) -> None:
     from skyrl_glm.check.runner import CheckOptions
 
     result = run_matrix(CheckOptions(model=model, device="cuda"), ["ipc"], ["drop-experts"], seeds=SEEDS)
-    _keep(result, f"drop_experts_{model}_x20.json")
+    keep_result(f"drop_experts_{model}_x20.json", result)
     outcomes = [r["outcome"] for r in result["checks"]]
     assert outcomes == ["FAIL at step 5"] * len(SEEDS), outcomes
     weakest = [

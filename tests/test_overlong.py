@@ -62,7 +62,7 @@ TRAINER_PROBE = """
 import json, sys
 from skyrl_glm.skyrl import cpu
 cpu.install()  # SkyRL's trainer module imports flash_attn: the CPU-mode shim provides it (this process only)
-from skyrl_glm.skyrl.config import load_config
+from skyrl_glm.skyrl.recipes import load_config
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 lengths, outcomes = [3, 6, 8, 8], [1.0, 1.0, 1.0, -1.0]
 sequence = outcomes

@@ -11,7 +11,8 @@ from skyrl.train.utils.utils import validate_cfg
 
 from skyrl_glm.cli import main
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.config import ConfigError, load_config, packaged_recipes, resolved_transport
+from skyrl_glm.skyrl.config import ConfigError, resolved_transport
+from skyrl_glm.skyrl.recipes import load_config, packaged_recipes
 from skyrl_glm.skyrl.recipes_cli import dry_run
 from skyrl_glm.sync.vllm.control import KEY_DIR_ENV
 
@@ -67,7 +68,7 @@ def test_recipe_promises(recipe):
     assert t.algorithm.dynamic_sampling.type == "filter"
     assert glm.overlong.buffer_len == 4096 and glm.overlong.buffer_len < g.sampling_params.max_generate_length
     assert glm.sync.mode == "memory" and glm.check.before_training and glm.check.on_failure == "abort"
-    assert t.placement.colocate_all and resolved_transport(cfg) == "ipc"  # in-memory sync over CUDA IPC
+    assert t.placement.colocate_all and resolved_transport(glm, t.placement) == "ipc"  # in-memory sync over CUDA IPC
     assert glm.hardware.stated and glm.hardware.gpu == "H200"
     lora = t.policy.model.lora
     assert lora.rank == 32 and lora.share_expert_adapters and not t.policy.megatron_config.lora_config.merge_lora
@@ -104,7 +105,7 @@ def _recipe_yaml(name: str) -> dict:
     """The recipe's own YAML merged over its bases' (what the files state, before SkyRL's defaults)."""
     from omegaconf import OmegaConf
 
-    from skyrl_glm.skyrl.config import resolve_recipe
+    from skyrl_glm.skyrl.recipes import resolve_recipe
 
     path = resolve_recipe(name)
     own = yaml.safe_load(path.read_text())

@@ -20,12 +20,7 @@ from skyrl_glm.bench.routing_run import (
     run_routed_sync,
 )
 from skyrl_glm.bench.verify import bytes_equal
-from skyrl_glm.lora.bridge import adapter_config
-from skyrl_glm.models import glm4, glm5
-from skyrl_glm.sync.manifest import Manifest
-from skyrl_glm.sync.plan import SyncPlan, build_plan, pack_into
-from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
-from skyrl_glm.sync.routing.plan import (
+from skyrl_glm.experimental.routing.plan import (
     ReceiverLayout,
     RoutingError,
     Slice,
@@ -41,7 +36,12 @@ from skyrl_glm.sync.routing.plan import (
     row_parallel,
     split,
 )
-from skyrl_glm.sync.routing.transport import piece_checksums, route_label
+from skyrl_glm.experimental.routing.transport import piece_checksums, route_label
+from skyrl_glm.lora.bridge import adapter_config
+from skyrl_glm.models import glm4, glm5
+from skyrl_glm.sync.manifest import Manifest
+from skyrl_glm.sync.plan import SyncPlan, build_plan, pack_into
+from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports.base import Transport
 
 P = "base_model.model.model.layers"

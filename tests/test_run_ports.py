@@ -12,9 +12,8 @@ from types import SimpleNamespace
 from skyrl_glm.skyrl import ports
 
 
-def _cfg(engines: int = 1, dp: int = 1) -> SimpleNamespace:
-    engine = SimpleNamespace(num_engines=engines, data_parallel_size=dp)
-    return SimpleNamespace(generator=SimpleNamespace(inference_engine=engine))
+def _engine(engines: int = 1, dp: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(num_engines=engines, data_parallel_size=dp)
 
 
 def test_a_taken_window_is_skipped():
@@ -28,11 +27,11 @@ def test_a_taken_window_is_skipped():
 
 def test_run_env_gives_every_server_and_the_router_a_window(monkeypatch):
     monkeypatch.delenv(ports.PORT_ENV, raising=False)
-    env = ports.run_env(_cfg(engines=2, dp=2))
+    env = ports.run_env(_engine(engines=2, dp=2))
     start, metrics = int(env[ports.PORT_ENV]), int(env[ports.ROUTER_METRICS_ENV])
     assert metrics == start + 4 * ports.STRIDE  # after the 4 servers' windows
     monkeypatch.setenv(ports.PORT_ENV, "12000")  # a start port the user chose is kept
-    assert ports.run_env(_cfg())[ports.PORT_ENV] == "12000"
+    assert ports.run_env(_engine())[ports.PORT_ENV] == "12000"
 
 
 def test_use_run_ports_moves_skyrls_router_metrics_port(monkeypatch):

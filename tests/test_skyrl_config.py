@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from skyrl_glm.skyrl import cpu
-from skyrl_glm.skyrl.config import (
-    ConfigError,
-    SkyRLGlmConfig,
-    load_config,
-    make_glm_config,
-    packaged_recipes,
-    resolved_transport,
-)
+from skyrl_glm.skyrl.config import ConfigError, GlmTrainConfig, SkyRLGlmConfig, make_glm_config, resolved_transport
+from skyrl_glm.skyrl.recipes import load_config, packaged_recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,18 +127,22 @@ def test_impossible_combinations_are_config_errors(overrides: list[str], what: s
         load_config("tiny_cpu_grpo", overrides)
 
 
+def _transport(cfg: GlmTrainConfig) -> str:
+    return resolved_transport(cfg.skyrl_glm, cfg.trainer.placement)
+
+
 def test_auto_transport_resolution() -> None:
     base = ["trainer.policy.model.lora.rank=8", "skyrl_glm.sync.mode=disk"]
-    assert resolved_transport(load_config("tiny_cpu_grpo")) == "cpu"
-    assert resolved_transport(load_config(None, base)) == "ipc"  # SkyRL colocates by default
+    assert _transport(load_config("tiny_cpu_grpo")) == "cpu"
+    assert _transport(load_config(None, base)) == "ipc"  # SkyRL colocates by default
     one_node = load_config(None, [*base, "trainer.placement.colocate_all=false"])
-    assert resolved_transport(one_node) == "cpu"
+    assert _transport(one_node) == "cpu"
     # (SkyRL's validate_cfg, run by load_config, wants the colocated reference model on the policy's nodes)
     two_nodes = ["trainer.placement.policy_num_nodes=2", "trainer.placement.ref_num_nodes=2"]
     nodes = load_config(None, [*base, "trainer.placement.colocate_all=false", *two_nodes])
-    assert resolved_transport(nodes) == "nccl"
+    assert _transport(nodes) == "nccl"
     # the collective transport is accepted inside SkyRL (the CPU recipe runs it over gloo: test_skyrl_train)
-    assert resolved_transport(load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=nccl"])) == "nccl"
+    assert _transport(load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=nccl"])) == "nccl"
 
 
 def test_cli_bad_input_is_one_line_and_exit_2() -> None:

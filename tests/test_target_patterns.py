@@ -12,10 +12,10 @@ import textwrap
 
 import pytest
 
+from skyrl_glm.experimental.routing.plan import TargetRules, parse_name
 from skyrl_glm.lora.bridge import PEFT_PREFIX, bridge_export_specs
 from skyrl_glm.models import glm4, glm5
 from skyrl_glm.models.base import LoraTarget
-from skyrl_glm.sync.routing.plan import TargetRules, parse_name
 
 
 def _round_trip(family, config) -> int:
@@ -103,7 +103,7 @@ import json, sys
 from skyrl_glm.lora.bridge import PEFT_PREFIX, bridge_export_specs
 from skyrl_glm.lora.sizes import family_sizes
 from skyrl_glm.plugins import registry
-from skyrl_glm.sync.routing.plan import ReceiverLayout, TargetRules, parse_name, placement
+from skyrl_glm.experimental.routing.plan import ReceiverLayout, TargetRules, parse_name, placement
 
 fam = registry().model("acme-blocks")
 cfg = fam.config("tiny")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from skyrl_glm.cli import main
-from skyrl_glm.skyrl.config import resolve_recipe
+from skyrl_glm.skyrl.recipes import resolve_recipe
 from skyrl_glm.skyrl.recipes_cli import summary_sentence
 from skyrl_glm.skyrl.run_log import PROGRESS_MARK, progress_text
 

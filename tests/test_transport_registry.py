@@ -10,7 +10,8 @@ import pytest
 
 from skyrl_glm import plugins
 from skyrl_glm.plugins import hookimpl
-from skyrl_glm.skyrl.config import ConfigError, load_config, resolved_transport
+from skyrl_glm.skyrl.config import ConfigError, resolved_transport
+from skyrl_glm.skyrl.recipes import load_config
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.usage import UsageError
 
@@ -55,7 +56,7 @@ def with_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_a_plugin_transport_is_chosen_in_a_skyrl_config(with_plugin: None) -> None:
     cfg = load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=plugin-tx"])
-    assert resolved_transport(cfg) == "plugin-tx"
+    assert resolved_transport(cfg.skyrl_glm, cfg.trainer.placement) == "plugin-tx"
 
 
 def test_a_transport_that_needs_a_process_group_is_refused_inside_skyrl_by_its_record(with_plugin: None) -> None:

@@ -9,7 +9,8 @@
     load.py          ``bench load``: vLLM's load stage, tiny (memory vs disk) or full width on a GPU
     load_layouts.py  ``bench load --layouts``: the routed-expert serving layouts side by side, fit to 75 layers, slots
     roundtrip.py     transfer_roundtrip: one sync between two processes, rebuilt bit-exactly (transport tests)
-    routing_run.py   run_routed_sync: EP sender ranks -> TP receiver ranks in processes (routing tests)
+    verify.py        bit-exact comparison of a received adapter with what was sent (the one place bytes are compared)
+    routing_run.py   run_routed_sync: EP sender ranks -> TP receiver ranks in processes (the routing experiment)
 
 This ``__init__`` imports nothing.
 """

@@ -2,8 +2,8 @@
 
 World ranks ``0..S-1`` are trainer (sender) ranks holding an EP-sharded synthetic GLM-5.3-shaped Megatron-Bridge
 export; ranks ``S..S+R-1`` are the sampler's TP ranks. Control messages are JSON strings in a TCPStore (never
-pickle); data moves by :class:`~skyrl_glm.sync.routing.transport.RoutedTransport` broadcasts. Each receiver checks
-its rebuilt tensors, bit for bit, against slices of the full adapter (after SkyRL's alpha fold) regenerated from
+pickle); data moves by :class:`~skyrl_glm.experimental.routing.transport.RoutedTransport` broadcasts. Each receiver
+checks its rebuilt tensors, bit for bit, against slices of the full adapter (after SkyRL's alpha fold) regenerated from
 the seed; every rank reports what it counted on the wire.
 """
 
@@ -27,7 +27,7 @@ from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.manifest import DTYPES
 
 if TYPE_CHECKING:
-    from skyrl_glm.sync.routing.plan import TargetRules
+    from skyrl_glm.experimental.routing.plan import TargetRules
 
 ROUTED_FAMILY = "glm-5.3"  # whose target records name and shape the routed adapter
 
@@ -100,14 +100,14 @@ def routing_config(experts: int = 16):
 @functools.cache
 def routed_rules() -> TargetRules:
     """The routing rules of the family whose adapter is routed: its target records, handed to the routing plan."""
+    from skyrl_glm.experimental.routing.plan import TargetRules
     from skyrl_glm.plugins import registry
-    from skyrl_glm.sync.routing.plan import TargetRules
 
     return TargetRules(registry().model(ROUTED_FAMILY).lora)
 
 
 def _expert_of(name: str) -> int | None:
-    from skyrl_glm.sync.routing.plan import parse_name
+    from skyrl_glm.experimental.routing.plan import parse_name
 
     return parse_name(name, routed_rules()).expert
 
@@ -152,15 +152,15 @@ def full_reference(opts: RoutingRunOptions) -> dict[str, torch.Tensor]:
 
 
 def layout(opts: RoutingRunOptions):
-    from skyrl_glm.sync.routing.plan import ReceiverLayout
+    from skyrl_glm.experimental.routing.plan import ReceiverLayout
 
     return ReceiverLayout(opts.tp, opts.expert_parallel, opts.experts)
 
 
 def _plan_owned(rank: int, opts: RoutingRunOptions, chan: StoreChannel) -> tuple[Any, dict[str, Any]]:
     """A sender: announce the names it holds, plan (dedup + fold) those it owns, publish its manifest."""
+    from skyrl_glm.experimental.routing.plan import assign_owners
     from skyrl_glm.sync.plan import build_plan
-    from skyrl_glm.sync.routing.plan import assign_owners
 
     stream = ep_sharded_exports(opts, only=rank)[0]
     chan.put(f"names/{rank}", json.dumps([n for n, _ in stream]))
@@ -179,7 +179,7 @@ def _plan_owned(rank: int, opts: RoutingRunOptions, chan: StoreChannel) -> tuple
 
 def _send(rank: int, plan: Any, sp: Any, transport: Any, chan: StoreChannel) -> dict[str, Any]:
     """A sender: publish its pieces' checksums, broadcast its routes; what it sent (rank 0: the whole plan)."""
-    from skyrl_glm.sync.routing.transport import piece_checksums, route_label
+    from skyrl_glm.experimental.routing.transport import piece_checksums, route_label
 
     sums, tensors = piece_checksums(plan, rank, sp)
     chan.put(f"sums/{rank}", json.dumps(sums))
@@ -209,8 +209,8 @@ def _send(rank: int, plan: Any, sp: Any, transport: Any, chan: StoreChannel) -> 
 def _receive(receiver: int, opts: RoutingRunOptions, plan: Any, transport: Any, chan: StoreChannel) -> dict[str, Any]:
     """A receiver: its manifest from the plan and the senders' checksums, the real receive, a bit-exact compare
     with its slices of the full reference adapter."""
+    from skyrl_glm.experimental.routing.plan import expected_slices
     from skyrl_glm.sync.receiver import AdapterReceiver
-    from skyrl_glm.sync.routing.plan import expected_slices
 
     sums: dict[str, str] = {}
     for s in range(opts.senders):
@@ -231,9 +231,9 @@ def _proc(rank: int, opts_d: dict[str, Any], port: int, out_dir: str) -> None:
     """One world rank: join the gloo group, plan, send or receive, write its report."""
     import torch.distributed as dist
 
+    from skyrl_glm.experimental.routing.plan import plan_routes
+    from skyrl_glm.experimental.routing.transport import RoutedTransport, make_groups
     from skyrl_glm.sync.manifest import Manifest
-    from skyrl_glm.sync.routing.plan import plan_routes
-    from skyrl_glm.sync.routing.transport import RoutedTransport, make_groups
 
     start = time.time()
     torch.set_num_threads(1)

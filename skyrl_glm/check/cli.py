@@ -10,10 +10,10 @@ from rich.console import Console
 from skyrl_glm.check.algorithm import CheckConfig, StepResult
 from skyrl_glm.check.faults import FAULTS, NO_FAULT
 from skyrl_glm.check.report import plot, print_table, write_json
-from skyrl_glm.check.runner import CheckOptions, run, transport_choices
+from skyrl_glm.check.runner import CheckOptions, engine_options, run, transport_choices
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
-from skyrl_glm.usage import UsageError, name_list, run_failed, writable_file
+from skyrl_glm.usage import UsageError, run_failed, writable_file
 
 log = logging.getLogger(__name__)
 console = Console(width=140)
@@ -71,18 +71,13 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path is not None:
             writable_file(option, path)
-    return CheckOptions(
-        model=args.model,
+    return engine_options(
+        args,
         trainer=args.trainer,
-        sampler=args.sampler,
         transport=args.transport,
         fault=args.fault,
-        lora_targets=name_list("--lora-targets", args.lora_targets),
         allow_unsupported_targets=args.allow_unsupported_targets,
-        rank=args.rank,
         alpha=args.alpha,
-        device=args.device,
-        expert_layout=args.expert_layout,
         config=CheckConfig(
             repeat_tol=args.repeat_tol,
             mean_tol=args.mean_tol,

@@ -26,10 +26,18 @@ from skyrl_glm.check.algorithm import run_check
 from skyrl_glm.check.faults import EXPECTED_FAILURE, FAULTS, FaultNotApplicable
 from skyrl_glm.check.probes import make_probes
 from skyrl_glm.check.report import to_dict
-from skyrl_glm.check.runner import CheckOptions, CheckPlan, build_publisher, build_sides, prepare, tiny_model_dir
+from skyrl_glm.check.runner import (
+    CheckOptions,
+    CheckPlan,
+    build_publisher,
+    build_sides,
+    engine_options,
+    prepare,
+    tiny_model_dir,
+)
 from skyrl_glm.provenance import provenance
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
-from skyrl_glm.usage import UsageError, name_list, run_failed
+from skyrl_glm.usage import UsageError, run_failed
 
 MAX_SEEDS = 256  # checks per (transport, fault): a few seconds each on one engine
 
@@ -186,14 +194,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.json:
         writable_file("--json", args.json)
-    options = CheckOptions(
-        model=args.model,
-        device=args.device,
-        sampler=args.sampler,
-        rank=args.rank,
-        lora_targets=name_list("--lora-targets", args.lora_targets),
-        expert_layout=args.expert_layout,
-    )
+    options = engine_options(args)
     transports = [t for t in args.transports.split(",") if t]
     faults = [f for f in args.faults.split(",") if f]
     if not transports or not faults:

@@ -7,6 +7,7 @@ the timed steps measure the handoff and not first-call costs), then runs the fiv
 
 from __future__ import annotations
 
+import argparse
 import re
 import tempfile
 import time
@@ -25,7 +26,7 @@ from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, SHARED_OUTER
-from skyrl_glm.usage import UsageError, positive_int
+from skyrl_glm.usage import UsageError, name_list, positive_int
 
 DEFAULT_MODEL = "glm-4.5"
 TINY_SEED = 0  # the seed of the tiny checkpoints a check makes (``skyrl-glm tiny make NAME DIR --seed 0``)
@@ -53,6 +54,20 @@ class CheckOptions:
     expert_layout: str = PER_EXPERT
     """How the engine takes the routed experts' LoRA (:mod:`skyrl_glm.sync.expert_layout`); ``shared-outer``
     trains one adapter per layer for all its experts (the adapter that layout serves)."""
+
+
+def engine_options(args: argparse.Namespace, **rest: Any) -> CheckOptions:
+    """The options of the flags ``check`` and ``check matrix`` share (model, device, sampler, adapter rank and
+    targets, expert layout), plus ``rest``: one reading of those flags for both commands."""
+    return CheckOptions(
+        model=args.model,
+        device=args.device,
+        sampler=args.sampler,
+        rank=args.rank,
+        lora_targets=name_list("--lora-targets", args.lora_targets),
+        expert_layout=args.expert_layout,
+        **rest,
+    )
 
 
 @dataclass(frozen=True)

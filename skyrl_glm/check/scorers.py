@@ -59,11 +59,12 @@ def vllm_sampler(
     rank: int,
     device: str,
     allow_unsupported: bool,
-    skyrl_worker: bool = False,
+    skyrl_worker_extension: str | None = None,
     expert_layout: str = PER_EXPERT,
 ) -> Any:
-    """``skyrl_worker``: the engine loads the worker extension SkyRL runs load (SkyRL's worker wrap, whose vLLM
-    patches change what LoRA the sampler applies, plus skyrl-glm's receiver) instead of skyrl-glm's alone.
+    """``skyrl_worker_extension``: the worker extension SkyRL runs load (SkyRL's worker wrap, whose vLLM patches
+    change what LoRA the sampler applies, plus skyrl-glm's receiver), in place of skyrl-glm's alone; the SkyRL side
+    hands it in (:func:`skyrl_glm.skyrl.plugin.vllm_skyrl_sampler`), so the check knows nothing of SkyRL's glue.
     ``expert_layout``: the engine's routed-expert LoRA layout (:mod:`skyrl_glm.sync.expert_layout`)."""
     from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
     from skyrl_glm.sync.vllm.engine import VllmEngineSampler
@@ -74,19 +75,12 @@ def vllm_sampler(
         lora_targets=list(targets),
         device=device,
         allow_unsupported=allow_unsupported,
-        skyrl_worker=skyrl_worker,
+        skyrl_worker=skyrl_worker_extension is not None,
         expert_layout=expert_layout,
     )
-    if skyrl_worker:
-        from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
-
-        kwargs["worker_extension_cls"] = WORKER_EXTENSION
+    if skyrl_worker_extension is not None:
+        kwargs["worker_extension_cls"] = skyrl_worker_extension
     return VllmEngineSampler({**kwargs, "use_tqdm_on_load": False}, max_lora_rank=_engine_lora_rank(rank))
-
-
-def vllm_skyrl_sampler(model_dir: Path, **kwargs: Any) -> Any:
-    """The vLLM sampler as SkyRL runs load it (see :func:`vllm_sampler`'s ``skyrl_worker``)."""
-    return vllm_sampler(model_dir, skyrl_worker=True, **kwargs)
 
 
 def require_vllm() -> None:
@@ -134,4 +128,4 @@ def skyrl_glm_trainers() -> list[tuple[str, TrainerFactory]]:
 
 @hookimpl
 def skyrl_glm_samplers() -> list[tuple[str, SamplerFactory]]:
-    return [("vllm", vllm_sampler), ("vllm-skyrl", vllm_skyrl_sampler)]
+    return [("vllm", vllm_sampler)]

@@ -4,21 +4,24 @@ the plugin registry, and (for the memory sync) skyrl-glm's vLLM worker extension
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyrl.train.dataset import PromptDataset
 from skyrl.train.entrypoints.main_base import BasePPOExp
 
 from skyrl_glm.canary.env import register as register_canary
 from skyrl_glm.dapo.env import register as register_glm_math
-from skyrl_glm.dapo.mismatch import MismatchMetrics
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl import signed_client
+from skyrl_glm.skyrl.mismatch_log import MismatchMetrics
 from skyrl_glm.skyrl.step_log import StepMetrics
 from skyrl_glm.skyrl.summary import RunSummary
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
 from skyrl_glm.sync.expert_layout import engine_arguments
+
+if TYPE_CHECKING:
+    from skyrl_glm.skyrl.config import GlmTrainConfig
 
 
 def _router_args_compat() -> None:
@@ -46,7 +49,7 @@ class _NoDiskLoraWarning(logging.Filter):
 
 
 class GlmPPOExp(BasePPOExp):
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: GlmTrainConfig) -> None:
         if cfg.skyrl_glm.sync.mode == "memory":
             engine = cfg.generator.inference_engine.engine_init_kwargs
             engine.setdefault("worker_extension_cls", WORKER_EXTENSION)
@@ -89,7 +92,7 @@ class GlmPPOExp(BasePPOExp):
 
     def get_trainer(
         self,
-        cfg: Any,
+        cfg: GlmTrainConfig,
         tracker: Any,
         tokenizer: Any,
         train_dataset: Any,

@@ -8,7 +8,12 @@ the stated hardware has, and ``train --dry-run`` can print what to reserve.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from skyrl.train.config import InferenceEngineConfig, TrainerConfig
+
+    from skyrl_glm.skyrl.config import GlmTrainConfig
 
 
 @dataclass
@@ -47,26 +52,24 @@ class GpuNeeds:
         return self.trainer if self.colocated else self.trainer + self.sampler
 
 
-def gpu_needs(cfg: Any) -> GpuNeeds:
+def gpu_needs(trainer: TrainerConfig, engine: InferenceEngineConfig) -> GpuNeeds:
     """Trainer GPUs (policy, plus a separate reference model when one is used) and sampler GPUs."""
-    placement = cfg.trainer.placement
-    algorithm = cfg.trainer.algorithm
-    trainer = placement.policy_num_nodes * placement.policy_num_gpus_per_node
+    placement = trainer.placement
+    algorithm = trainer.algorithm
+    trainer_gpus = placement.policy_num_nodes * placement.policy_num_gpus_per_node
     uses_ref = algorithm.use_kl_loss or algorithm.use_kl_in_reward
     if uses_ref and not placement.colocate_policy_ref and not placement.colocate_all:
-        trainer += placement.ref_num_nodes * placement.ref_num_gpus_per_node
-    engine = cfg.generator.inference_engine
-    sampler = engine.num_engines * engine.tensor_parallel_size * engine.pipeline_parallel_size
-    sampler *= engine.data_parallel_size
-    return GpuNeeds(trainer=trainer, sampler=sampler, colocated=placement.colocate_all)
+        trainer_gpus += placement.ref_num_nodes * placement.ref_num_gpus_per_node
+    sampler_gpus = engine.num_engines * engine.tensor_parallel_size * engine.pipeline_parallel_size
+    sampler_gpus *= engine.data_parallel_size
+    return GpuNeeds(trainer=trainer_gpus, sampler=sampler_gpus, colocated=placement.colocate_all)
 
 
-def layout_problem(cfg: Any) -> str | None:
-    """Why the placement does not fit the stated hardware (one line), or None."""
-    hw: HardwareConfig = cfg.skyrl_glm.hardware
+def layout_problem(hw: HardwareConfig, needs: GpuNeeds, policy_gpus_per_node: int) -> str | None:
+    """Why the placement (``needs``, and the trainer's GPUs per node) does not fit the stated hardware (one line),
+    or None."""
     if not hw.stated:
         return None
-    needs = gpu_needs(cfg)
     have = hw.nodes * hw.gpus_per_node
     if needs.total > have:
         how = "colocated" if needs.colocated else f"{needs.trainer} trainer + {needs.sampler} sampler"
@@ -74,18 +77,17 @@ def layout_problem(cfg: Any) -> str | None:
             f"skyrl_glm.hardware: the layout needs {needs.total} GPUs ({how}) but the recipe states "
             f"{hw.nodes} x {hw.gpus_per_node} = {have}"
         )
-    if cfg.trainer.placement.policy_num_gpus_per_node > hw.gpus_per_node:
+    if policy_gpus_per_node > hw.gpus_per_node:
         return (
-            f"trainer.placement.policy_num_gpus_per_node: {cfg.trainer.placement.policy_num_gpus_per_node} "
+            f"trainer.placement.policy_num_gpus_per_node: {policy_gpus_per_node} "
             f"exceeds skyrl_glm.hardware.gpus_per_node={hw.gpus_per_node}"
         )
     return None
 
 
-def ray_shortfall(cfg: Any, resources: dict[str, float]) -> str | None:
+def ray_shortfall(needs: GpuNeeds, resources: dict[str, float]) -> str | None:
     """Why the Ray cluster the run got (``ray.cluster_resources()``) cannot place the layout, or None. Checked
     before any actor is asked for: Ray would otherwise wait forever for GPUs that are not there."""
-    needs = gpu_needs(cfg)
     have = resources.get("GPU", 0.0)
     if needs.total > have:
         how = "colocated" if needs.colocated else f"{needs.trainer} trainer + {needs.sampler} sampler"
@@ -96,7 +98,7 @@ def ray_shortfall(cfg: Any, resources: dict[str, float]) -> str | None:
     return None
 
 
-def local_gpu_problem(cfg: Any, cuda_available: bool, device_count: int) -> str | None:
+def local_gpu_problem(cfg: GlmTrainConfig, cuda_available: bool, device_count: int) -> str | None:
     """Why a run on this machine's own Ray (no ``RAY_ADDRESS``) cannot place the layout on the GPUs visible here
     (one line), or None. Checked before Ray starts; CPU mode uses logical GPUs and is never refused here."""
     if cfg.skyrl_glm.cpu:
@@ -106,7 +108,7 @@ def local_gpu_problem(cfg: Any, cuda_available: bool, device_count: int) -> str 
             "skyrl_glm.cpu: false, but no CUDA GPU is visible here (torch.cuda.is_available() is False); run on a "
             "GPU machine, point RAY_ADDRESS at a GPU cluster, or set skyrl_glm.cpu=true"
         )
-    needs = gpu_needs(cfg)
+    needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
     single_node = cfg.trainer.placement.policy_num_nodes == 1
     if single_node and needs.total > device_count:
         how = "colocated" if needs.colocated else f"{needs.trainer} trainer + {needs.sampler} sampler"
@@ -117,7 +119,7 @@ def local_gpu_problem(cfg: Any, cuda_available: bool, device_count: int) -> str 
     return None
 
 
-def visible_gpu_problem(cfg: Any) -> str | None:
+def visible_gpu_problem(cfg: GlmTrainConfig) -> str | None:
     """:func:`local_gpu_problem` for the GPUs torch sees in this process."""
     if cfg.skyrl_glm.cpu:
         return None

@@ -10,23 +10,26 @@ sync on the other nodes unless the key's directory is shared. ``recipes validate
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from skyrl_glm.skyrl.hardware import gpu_needs
 from skyrl_glm.sync.vllm.control import KEY_DIR_ENV
 
+if TYPE_CHECKING:
+    from skyrl.train.config import InferenceEngineConfig, TrainerConfig
 
-def spans_nodes(cfg: Any) -> bool:
+
+def spans_nodes(trainer: TrainerConfig, engine: InferenceEngineConfig) -> bool:
     """Whether the run's trainer or samplers need more than one node."""
-    placement = cfg.trainer.placement
-    needs = gpu_needs(cfg)
+    placement = trainer.placement
+    needs = gpu_needs(trainer, engine)
     per_node = max(placement.policy_num_gpus_per_node, 1)
     return placement.policy_num_nodes > 1 or (not needs.colocated and needs.sampler > per_node)
 
 
-def key_problem(cfg: Any) -> str | None:
+def key_problem(trainer: TrainerConfig, engine: InferenceEngineConfig) -> str | None:
     """Why the run's workers could not all read its key (one line), or None."""
-    if not spans_nodes(cfg) or os.environ.get(KEY_DIR_ENV):
+    if not spans_nodes(trainer, engine) or os.environ.get(KEY_DIR_ENV):
         return None
     return (
         f"trainer.placement.policy_num_nodes: a run on more than one node needs its control key on every node; "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass
@@ -62,14 +61,13 @@ def apply_overlong_penalty(
     return out
 
 
-def shape_rewards(generator_output: dict, cfg: Any) -> None:
-    """Apply ``cfg.skyrl_glm.overlong`` to a SkyRL ``GeneratorOutput``'s sequence rewards (a no-op when off).
+def shape_rewards(generator_output: dict, overlong: OverlongPenaltyConfig, cap: int) -> None:
+    """Apply ``skyrl_glm.overlong`` to a SkyRL ``GeneratorOutput``'s sequence rewards (a no-op when off); ``cap``
+    is the response cap, ``generator.sampling_params.max_generate_length``.
 
     Called from the trainer's ``postprocess_generator_output``, i.e. after SkyRL's dynamic-sampling filter, which
     (as in DAPO) keeps or drops groups on the task reward alone."""
-    overlong = cfg.skyrl_glm.overlong
     if overlong.buffer_len <= 0:
         return
     lengths = [len(response) for response in generator_output["response_ids"]]
-    cap = cfg.generator.sampling_params.max_generate_length
     generator_output["rewards"] = apply_overlong_penalty(generator_output["rewards"], lengths, cap, overlong)

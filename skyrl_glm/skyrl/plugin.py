@@ -1,4 +1,6 @@
-"""Built-in SkyRL worker classes per strategy, registered like any plugin (``skyrl_glm`` entry point ``skyrl``).
+"""What the SkyRL glue registers like any plugin (``skyrl_glm`` entry point ``skyrl``): the worker classes per
+strategy, and the check's ``vllm-skyrl`` sampler (the check's vLLM sampler with the worker extension SkyRL runs
+load, so the check itself never reaches into this package).
 
 References, not imports: the factories load SkyRL's workers when called (the Megatron one needs Megatron-Bridge,
 hence Transformer Engine).
@@ -6,7 +8,23 @@ hence Transformer Engine).
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from skyrl_glm.plugins import Ref, hookimpl
+
+
+def vllm_skyrl_sampler(model_dir: Path, **kwargs: Any) -> Any:
+    """The check's vLLM sampler as SkyRL runs load it: SkyRL's worker wrap plus skyrl-glm's receiver."""
+    from skyrl_glm.check.scorers import vllm_sampler
+    from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
+
+    return vllm_sampler(model_dir, skyrl_worker_extension=WORKER_EXTENSION, **kwargs)
+
+
+@hookimpl
+def skyrl_glm_samplers() -> list[tuple[str, Ref]]:
+    return [("vllm-skyrl", vllm_skyrl_sampler)]
 
 
 @hookimpl

@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 import random
 import socket
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from skyrl.train.config import InferenceEngineConfig
 
 PORT_ENV = "SKYRL_VLLM_START_PORT"
 ROUTER_METRICS_ENV = "SKYRL_GLM_ROUTER_METRICS_PORT"
@@ -30,9 +33,8 @@ def _free(port: int) -> bool:
     return True
 
 
-def server_count(cfg: Any) -> int:
+def server_count(engine: InferenceEngineConfig) -> int:
     """How many server windows SkyRL lays out for the run (one per engine and data-parallel rank)."""
-    engine = cfg.generator.inference_engine
     return max(engine.num_engines, 1) * max(engine.data_parallel_size, 1)
 
 
@@ -46,10 +48,10 @@ def pick_start_port(servers: int, rng: random.Random | None = None, tries: int =
     raise RuntimeError(f"no free port window for {servers} vLLM server(s) in {LOW}..{HIGH}")
 
 
-def run_env(cfg: Any) -> dict[str, str]:
+def run_env(engine: InferenceEngineConfig) -> dict[str, str]:
     """The environment a run's Ray workers need for their own ports (a server start port set by the user is kept):
     the servers' windows, then one for the router's metrics."""
-    servers = server_count(cfg)
+    servers = server_count(engine)
     base = pick_start_port(servers + 1)
     return {PORT_ENV: os.environ.get(PORT_ENV) or str(base), ROUTER_METRICS_ENV: str(base + servers * STRIDE)}
 

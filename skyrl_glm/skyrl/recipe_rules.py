@@ -6,9 +6,12 @@ buffer longer than the response cap. Each problem is one line naming the key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from skyrl_glm.skyrl.hardware import layout_problem
+from skyrl_glm.skyrl.hardware import gpu_needs, layout_problem
+
+if TYPE_CHECKING:
+    from skyrl_glm.skyrl.config import GlmTrainConfig
 
 
 def unsafe_megatron_targets(targets: Any, sampler: str | None = None) -> list[str]:
@@ -30,10 +33,12 @@ def unsafe_megatron_targets(targets: Any, sampler: str | None = None) -> list[st
     return found
 
 
-def problems(cfg: Any) -> list[str]:
+def problems(cfg: GlmTrainConfig) -> list[str]:
     """Every broken promise of a built skyrl-glm config (empty when it is consistent)."""
     out = []
-    if (layout := layout_problem(cfg)) is not None:
+    needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
+    placement = cfg.trainer.placement
+    if (layout := layout_problem(cfg.skyrl_glm.hardware, needs, placement.policy_num_gpus_per_node)) is not None:
         out.append(layout)
     lora = cfg.trainer.policy.model.lora
     if lora.rank > 0 and cfg.trainer.strategy == "megatron":

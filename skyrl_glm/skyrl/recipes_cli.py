@@ -10,11 +10,17 @@ import argparse
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from skyrl_glm.usage import PROG, print_error
+
+if TYPE_CHECKING:
+    from skyrl.train.config import PlacementConfig
+
+    from skyrl_glm.skyrl.config import GlmTrainConfig
+    from skyrl_glm.skyrl.hardware import HardwareConfig
 
 console = Console(width=140, soft_wrap=True)
 
@@ -45,14 +51,15 @@ def _config_errors() -> tuple[type[Exception], ...]:
     return (ConfigError,)
 
 
-def _load(recipe: str, overrides: list[str], runnable: bool = True) -> Any:
+def _load(recipe: str, overrides: list[str], runnable: bool = True) -> GlmTrainConfig:
     """The recipe's config; ``runnable``: also what a run needs of this machine's environment (a multi-node run's
     shared key directory), as ``recipes validate`` and ``train --dry-run`` check and ``recipes list`` does not."""
-    from skyrl_glm.skyrl.config import ConfigError, load_config  # also layout vs hardware, sampler-safe targets
+    from skyrl_glm.skyrl.config import ConfigError
     from skyrl_glm.skyrl.key_placement import key_problem
+    from skyrl_glm.skyrl.recipes import load_config  # also layout vs hardware, sampler-safe targets
 
     cfg = load_config(recipe, overrides)
-    if runnable and (problem := key_problem(cfg)):
+    if runnable and (problem := key_problem(cfg.trainer, cfg.generator.inference_engine)):
         raise ConfigError(f"{recipe}: {problem}")
     return cfg
 
@@ -70,11 +77,11 @@ def summary_sentence(path: Path) -> str:
     return paragraph[: end.start() + 1] if end else paragraph
 
 
-def _hardware_line(cfg: Any) -> str:
+def _hardware_line(cfg: GlmTrainConfig) -> str:
     from skyrl_glm.skyrl.hardware import gpu_needs
 
     hw = cfg.skyrl_glm.hardware
-    needs = gpu_needs(cfg)
+    needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
     use = (
         f"{needs.total} GPUs, trainer and sampler colocated"
         if needs.colocated
@@ -86,7 +93,7 @@ def _hardware_line(cfg: Any) -> str:
     return f"{hw.nodes} node(s) x {hw.gpus_per_node} {hw.gpu or 'GPU'} ({hw.gpu_memory_gb} GB){host}; uses {use}"
 
 
-def _layout_line(cfg: Any) -> str:
+def _layout_line(cfg: GlmTrainConfig) -> str:
     t = cfg.trainer
     if t.strategy == "megatron":
         m = t.policy.megatron_config
@@ -107,7 +114,7 @@ def _layout_line(cfg: Any) -> str:
     from skyrl_glm.skyrl.config import resolved_transport
 
     lora = t.policy.model.lora
-    sync = f"{cfg.skyrl_glm.sync.mode} sync via {resolved_transport(cfg)}"
+    sync = f"{cfg.skyrl_glm.sync.mode} sync via {resolved_transport(cfg.skyrl_glm, t.placement)}"
     return f"trainer {trainer}; sampler {sampler}; LoRA r{lora.rank}/alpha {lora.alpha}; {sync}"
 
 
@@ -115,7 +122,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     _quiet(args)
     from rich.table import Table
 
-    from skyrl_glm.skyrl.config import packaged_recipes, resolve_recipe
+    from skyrl_glm.skyrl.recipes import packaged_recipes, resolve_recipe
 
     table = Table(title="packaged recipes (skyrl-glm recipes show NAME)")
     for col in ("name", "model", "hardware", "what"):
@@ -135,7 +142,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from skyrl_glm.skyrl.config import resolve_recipe
+    from skyrl_glm.skyrl.recipes import resolve_recipe
 
     try:
         path = resolve_recipe(args.recipe)
@@ -161,11 +168,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def launch_commands(recipe: str, overrides: list[str], cfg: Any) -> dict[str, list[str]]:
+def launch_commands(
+    recipe: str, overrides: list[str], hw: HardwareConfig, placement: PlacementConfig
+) -> dict[str, list[str]]:
     """Shell lines that start the run: on one node, and as a multi-node Ray cluster (head first)."""
     train = shlex.join(["skyrl-glm", "train", recipe, *overrides])
-    hw = cfg.skyrl_glm.hardware
-    gpus = hw.gpus_per_node or cfg.trainer.placement.policy_num_gpus_per_node
+    gpus = hw.gpus_per_node or placement.policy_num_gpus_per_node
     nodes = max(hw.nodes, 1)
     multi = [
         f"# on the head node:  ray start --head --port={RAY_PORT} --num-gpus={gpus}",
@@ -182,7 +190,7 @@ def dry_run(
     """``skyrl-glm train RECIPE [k=v ...] --dry-run``: what would run (model, hardware, layout, steps, sync and
     check, data, outputs) and the launch commands; with ``show_config`` the full resolved config first. Nothing is
     started (no Ray, no engine, no model load). Every summary line is a YAML comment, so the output stays YAML."""
-    from skyrl_glm.skyrl.config import config_yaml
+    from skyrl_glm.skyrl.recipes import config_yaml
 
     _quiet(args)
     try:
@@ -207,7 +215,7 @@ def dry_run(
     lines += [("export", t.export_path), ("logs", t.log_path)]
     for key, value in lines:
         console.print(f"[bold]# {key}:[/] {value}", highlight=False)
-    for where, commands in launch_commands(recipe, overrides, cfg).items():
+    for where, commands in launch_commands(recipe, overrides, cfg.skyrl_glm.hardware, cfg.trainer.placement).items():
         console.print(f"[bold]# launch, {where}:[/]", highlight=False)
         for line in commands:
             print(line)

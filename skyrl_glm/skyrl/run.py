@@ -16,9 +16,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from skyrl.train.config import TrainerConfig
+
+    from skyrl_glm.skyrl.config import GlmSection, GlmTrainConfig
     from skyrl_glm.skyrl.summary import RunSummary
 
 OVERRIDE_ENTRYPOINT = "trainer.override_entrypoint="
@@ -59,9 +62,9 @@ def tiny_checkpoint(family_name: str) -> Path:
     return path
 
 
-def build_config(args: Sequence[str]) -> Any:
+def build_config(args: Sequence[str]) -> GlmTrainConfig:
     """The typed config of a command line (recipe, overrides, a ``tiny:`` model made and pointed at)."""
-    from skyrl_glm.skyrl.config import load_config
+    from skyrl_glm.skyrl.recipes import load_config
 
     recipe, overrides = split_args(args)
     cfg = load_config(recipe, overrides)
@@ -72,7 +75,7 @@ def build_config(args: Sequence[str]) -> Any:
     return cfg
 
 
-def _start_ray(cfg: Any, run_env: dict[str, str]) -> None:
+def _start_ray(cfg: GlmTrainConfig, run_env: dict[str, str]) -> None:
     """Ray with ``run_env`` (the run's control-key file and vLLM port window) in every worker's environment."""
     import ray
     from skyrl.train.utils.utils import initialize_ray, prepare_runtime_environment
@@ -103,7 +106,7 @@ def _start_ray(cfg: Any, run_env: dict[str, str]) -> None:
     sync_registries()
 
 
-def _experiment(cfg: Any) -> RunSummary:
+def _experiment(cfg: GlmTrainConfig) -> RunSummary:
     """Body of the Ray task that runs the experiment (SkyRL keeps the training loop off the driver)."""
     from skyrl_glm.skyrl.run_log import log_to_stderr
 
@@ -119,8 +122,8 @@ def _experiment(cfg: Any) -> RunSummary:
     return GlmPPOExp(cfg).run()
 
 
-def report_summary(cfg: Any, summary: RunSummary) -> Path:
-    """Log the run's syncs and checks, and write them to ``<trainer.log_path>/skyrl_glm_summary.json`` (with one
+def report_summary(log_path: str, summary: RunSummary) -> Path:
+    """Log the run's syncs and checks, and write them to ``<log_path>/skyrl_glm_summary.json`` (with one
     row of figures per step) and the mean reward per step to ``skyrl_glm_rewards.png`` beside it."""
     import importlib.util
     import json
@@ -146,7 +149,7 @@ def report_summary(cfg: Any, summary: RunSummary) -> Path:
             a.lora_b_max,
             "agree" if a.passed else "DISAGREE",
         )
-    path = Path(cfg.trainer.log_path) / SUMMARY_FILE
+    path = Path(log_path) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     record = summary.to_json()
     path.write_text(json.dumps(record, indent=2))
@@ -155,13 +158,14 @@ def report_summary(cfg: Any, summary: RunSummary) -> Path:
     return path
 
 
-def opening_lines(cfg: Any, log_file: Path, verbose: bool) -> list[str]:
+def opening_lines(t: TrainerConfig, glm: GlmSection, log_file: Path, verbose: bool) -> list[str]:
     """What is about to run, and where its full log goes."""
     from skyrl_glm.skyrl.config import resolved_transport
 
-    t, glm = cfg.trainer, cfg.skyrl_glm
     steps = f"{t.max_training_steps} steps" if t.max_training_steps else f"{t.epochs} epoch(s)"
-    sync = f"{glm.sync.mode} via {resolved_transport(cfg)}" if glm.sync.mode == "memory" else "disk (SkyRL's)"
+    sync = (
+        f"{glm.sync.mode} via {resolved_transport(glm, t.placement)}" if glm.sync.mode == "memory" else "disk (SkyRL's)"
+    )
     check = "before step 1" if glm.check.before_training else "off"
     if glm.check.every_n_syncs:
         check += f", agree every {glm.check.every_n_syncs} sync(s)"
@@ -173,7 +177,9 @@ def opening_lines(cfg: Any, log_file: Path, verbose: bool) -> list[str]:
     ]
 
 
-def closing_lines(cfg: Any, summary: RunSummary, summary_file: Path, log_file: Path, seconds: float) -> list[str]:
+def closing_lines(
+    trainer: TrainerConfig, summary: RunSummary, summary_file: Path, log_file: Path, seconds: float
+) -> list[str]:
     """Where the run's outputs are: the summary JSON, the export directory, the logs, the report command."""
     import shlex
 
@@ -181,7 +187,7 @@ def closing_lines(cfg: Any, summary: RunSummary, summary_file: Path, log_file: P
 
     verdict = "off" if summary.check is None else ("PASS" if summary.check.passed else "FAIL")
     agreed = sum(a.passed for a in summary.agree)
-    export = Path(cfg.trainer.export_path).resolve()
+    export = Path(trainer.export_path).resolve()
     lines = [
         f"trained in {seconds:.0f} s: {len(summary.syncs)} syncs ({summary.sync_mode}, mean "
         f"{summary.mean_sync_seconds():.3f} s), handoff check {verdict}, agree checks {agreed}/"
@@ -196,14 +202,14 @@ def closing_lines(cfg: Any, summary: RunSummary, summary_file: Path, log_file: P
     png = summary_file.parent / REWARD_PNG
     if png.is_file():
         lines.append(f"  rewards  {png.resolve()}")
-    if cfg.trainer.dump_eval_results:
+    if trainer.dump_eval_results:
         lines.append(f"  report   skyrl-glm report {shlex.quote(str(export))}")
     else:
         lines.append("  report   (set trainer.dump_eval_results=true to get evals for skyrl-glm report)")
     return lines
 
 
-def run(cfg: Any, verbose: bool = False) -> int:
+def run(cfg: GlmTrainConfig, verbose: bool = False) -> int:
     """Run one training; an exit code of :mod:`skyrl_glm.usage` (0 finished, 1 stopped by the handoff check,
     2 Ray lacks the GPUs the layout needs, 3 failed on the way). Everything the run prints goes to a log file; the
     terminal gets progress lines (everything with ``verbose``) and where the outputs are."""
@@ -211,17 +217,17 @@ def run(cfg: Any, verbose: bool = False) -> int:
     from skyrl_glm.sync.vllm.control import KEY_ENV, run_key
 
     with run_key() as key_file:  # the run's control key: the trainer and the vLLM workers it starts hold it
-        return _run(cfg, {KEY_ENV: key_file, **run_env(cfg)}, verbose)
+        return _run(cfg, {KEY_ENV: key_file, **run_env(cfg.generator.inference_engine)}, verbose)
 
 
-def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
+def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
     import time
 
     import ray
 
     from skyrl_glm import usage
     from skyrl_glm.skyrl.check_live import HandoffCheckFailed
-    from skyrl_glm.skyrl.hardware import ray_shortfall
+    from skyrl_glm.skyrl.hardware import gpu_needs, ray_shortfall
     from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER, RunLog
 
     log = logging.getLogger("skyrl_glm.train")
@@ -236,14 +242,15 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
         # Inside RunLog this process's stdout and stderr go to the log file: what the terminal must see is
         # printed after it.
         with RunLog(log_file, verbose):
-            for line in opening_lines(cfg, log_file, verbose):
+            for line in opening_lines(cfg.trainer, cfg.skyrl_glm, log_file, verbose):
                 progress.info(line)
             _start_ray(cfg, env)
             t1 = time.perf_counter()
             try:
-                if (shortfall := ray_shortfall(cfg, ray.cluster_resources())) is None:
+                needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
+                if (shortfall := ray_shortfall(needs, ray.cluster_resources())) is None:
                     summary = ray.get(ray.remote(num_cpus=1)(_experiment).remote(cfg))
-                    summary_file = report_summary(cfg, summary)
+                    summary_file = report_summary(cfg.trainer.log_path, summary)
             except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
                 stopped = e.args[0] if e.args else str(e)
             except Exception:
@@ -269,17 +276,18 @@ def _run(cfg: Any, env: dict[str, str], verbose: bool) -> int:
         from skyrl_glm.skyrl.step_table import print_step_table
 
         print_step_table(summary.to_json(), Console(width=140, soft_wrap=True))
-    for line in closing_lines(cfg, summary, summary_file, log_file, time.perf_counter() - t0):
+    for line in closing_lines(cfg.trainer, summary, summary_file, log_file, time.perf_counter() - t0):
         print(line)
     return 0
 
 
 def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
-    from skyrl_glm.skyrl.config import ConfigError, missing_data
+    from skyrl_glm.skyrl.config import ConfigError
     from skyrl_glm.skyrl.hardware import visible_gpu_problem
     from skyrl_glm.skyrl.key_placement import key_problem
     from skyrl_glm.skyrl.run_log import log_to_stderr
+    from skyrl_glm.skyrl.validation import missing_data
     from skyrl_glm.usage import PROG, print_error
 
     log_to_stderr()
@@ -288,7 +296,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         from skyrl.train.utils import validate_cfg
 
         validate_cfg(cfg)
-        if problem := missing_data(cfg) or key_problem(cfg):
+        if problem := missing_data(cfg.data) or key_problem(cfg.trainer, cfg.generator.inference_engine):
             raise ConfigError(problem)
         if not os.environ.get("RAY_ADDRESS") and (problem := visible_gpu_problem(cfg)):
             raise ConfigError(problem)  # before Ray starts: it would wait forever for GPUs that are not here

@@ -20,6 +20,7 @@ from typing import Any
 import ray
 from rich.console import Console
 from skyrl.backends.skyrl_train.inference_servers.utils import resolve_policy_model_name
+from skyrl.train.config import PlacementConfig
 from skyrl.train.trainer import RayPPOTrainer
 
 from skyrl_glm.check.algorithm import CheckReport, Diff, StepResult, decode_diff, judge_agreement
@@ -28,7 +29,7 @@ from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.dapo.report import dumped_eval_metrics
 from skyrl_glm.skyrl.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
-from skyrl_glm.skyrl.config import resolved_transport
+from skyrl_glm.skyrl.config import GlmSection, resolved_transport
 from skyrl_glm.skyrl.overlong import shape_rewards
 from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
 from skyrl_glm.skyrl.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
@@ -40,10 +41,10 @@ progress = logging.getLogger(PROGRESS_LOGGER)  # one line per sync on the termin
 CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits by its temperature
 
 
-def worker_sync(cfg: Any) -> WorkerSync:
-    """The workers' part of ``skyrl_glm.sync``."""
-    sync = cfg.skyrl_glm.sync
-    return WorkerSync(sync.mode, resolved_transport(cfg), sync.bucket_bytes, sync.verify, sync.fault)
+def worker_sync(glm: GlmSection, placement: PlacementConfig) -> WorkerSync:
+    """The workers' part of ``skyrl_glm.sync`` (the transport resolved for the trainer's ``placement``)."""
+    sync = glm.sync
+    return WorkerSync(sync.mode, resolved_transport(glm, placement), sync.bucket_bytes, sync.verify, sync.fault)
 
 
 def _render(report: CheckReport) -> str:
@@ -65,7 +66,8 @@ class GlmPPOTrainer(RayPPOTrainer):
         super().build_models(*self.worker_classes)
 
     def postprocess_generator_output(self, generator_output: Any, uids: Any, *args: Any, **kwargs: Any) -> Any:
-        shape_rewards(generator_output, self.cfg)  # DAPO soft overlong penalty (skyrl_glm.overlong)
+        cap = self.cfg.generator.sampling_params.max_generate_length
+        shape_rewards(generator_output, self.cfg.skyrl_glm.overlong, cap)  # DAPO soft overlong penalty
         return super().postprocess_generator_output(generator_output, uids, *args, **kwargs)
 
     async def eval(self, *args: Any, **kwargs: Any) -> dict[str, float]:
@@ -75,7 +77,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         return metrics
 
     def init_weight_sync_state(self) -> None:
-        settings = worker_sync(self.cfg)
+        settings = worker_sync(self.cfg.skyrl_glm, self.cfg.trainer.placement)
         ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_configure", settings.to_dict()))
         super().init_weight_sync_state()
         self._glm_sync = self.dispatch.save_weights_for_sampler

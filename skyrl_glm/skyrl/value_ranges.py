@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from skyrl.train.config import SkyRLTrainConfig
 
 # A count past int32 is a typo (vLLM and torch keep counts like these in 32-bit fields).
 MAX_COUNT = 2**31 - 1
@@ -46,8 +49,8 @@ SAMPLING = ("generator.sampling_params", "generator.eval_sampling_params")
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs (an engine argument): more is refused at the first request
 
 
-def _select(cfg: Any, dotted: str) -> Any:
-    return functools.reduce(lambda node, key: getattr(node, key, None), dotted.split("."), cfg)
+def _select(root: object, dotted: str) -> Any:
+    return functools.reduce(lambda node, key: getattr(node, key, None), dotted.split("."), root)
 
 
 def _is_int(value: Any) -> bool:
@@ -82,8 +85,8 @@ def _sampling_problem(prefix: str, params: Any, max_logprobs: int) -> str | None
     return None
 
 
-def range_problem(cfg: Any) -> str | None:
-    """The first value out of its range (one line naming the key), or None."""
+def range_problem(cfg: SkyRLTrainConfig) -> str | None:
+    """The first SkyRL value out of its range (one line naming the key), or None."""
     for key in COUNTS:
         if (problem := _count_problem(key, _select(cfg, key))) is not None:
             return problem

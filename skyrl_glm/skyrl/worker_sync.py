@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.transports.collective import CollectiveTransport
 from skyrl_glm.sync.update import UpdateResult
+
+if TYPE_CHECKING:
+    from skyrl.train.config import InferenceEngineConfig
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ class GlmSyncMixin:
         all ranks). What the export itself measured goes in ``_glm_export_info``."""
         raise NotImplementedError
 
-    async def init_weight_sync_state(self, inference_engine_client: Any, inference_engine_cfg: Any) -> None:
+    async def init_weight_sync_state(
+        self, inference_engine_client: Any, inference_engine_cfg: InferenceEngineConfig
+    ) -> None:
         signed_client.install()  # this worker's control calls carry the run's signature (the servers' route guard)
         if not self._glm_skips_transfer_engine():
             return await super().init_weight_sync_state(inference_engine_client, inference_engine_cfg)  # type: ignore[misc]
@@ -94,7 +99,7 @@ class GlmSyncMixin:
         return registry().transport(self._glm_sync.transport)()
 
     async def broadcast_to_inference_engines(
-        self, inference_engine_client: Any, inference_engine_cfg: Any, model_id: str | None = None
+        self, inference_engine_client: Any, inference_engine_cfg: InferenceEngineConfig, model_id: str | None = None
     ) -> None:
         if not self._glm_memory_sync():
             return await super().broadcast_to_inference_engines(  # type: ignore[misc]

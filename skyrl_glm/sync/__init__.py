@@ -21,7 +21,6 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
     receiver.py      AdapterReceiver: validate, stage, verify, rebuild public names (torch only)
     expert_layout.py the routed experts' serving layout (per-expert, stacked-3d, shared-outer): engine arguments, build
     vllm/            the vLLM glue: update protocol, offline and async samplers, the worker extension
-    routing/         multi-rank sync: EP-sharded trainer ranks -> TP-sharded sampler ranks
 
 This ``__init__`` imports nothing, so importing a light module (``manifest``) never pulls torch-heavy or
 vLLM modules in; import each module where it is used. Nothing outside ``vllm/`` imports vLLM.

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from skyrl.train.utils.callbacks import CallbackHandler, CallbackInput, TrainingControl
 
-from skyrl_glm.dapo.mismatch import MismatchMetrics
+from skyrl_glm.skyrl.mismatch_log import MismatchMetrics
 from skyrl_glm.skyrl.summary import RunSummary
 
 

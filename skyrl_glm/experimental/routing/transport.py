@@ -1,5 +1,5 @@
-"""Routed collective transport: executes a :class:`~skyrl_glm.sync.routing.plan.RoutingPlan` with one broadcast per
-(route, bucket) from the route's sender to its receiver group.
+"""Routed collective transport: executes a :class:`~skyrl_glm.experimental.routing.plan.RoutingPlan` with one
+broadcast per (route, bucket) from the route's sender to its receiver group.
 
 Every rank (senders and receivers) creates one process group per route, in the plan's global route order, and
 runs its own routes in that order, so overlapping groups never wait on each other in a cycle. The receiver side
@@ -22,8 +22,8 @@ from skyrl_glm.sync.plan import SyncPlan, pack_into
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
 if TYPE_CHECKING:
+    from skyrl_glm.experimental.routing.plan import Route, RoutingPlan
     from skyrl_glm.sync.manifest import Manifest
-    from skyrl_glm.sync.routing.plan import Route, RoutingPlan
 
 GroupKey = tuple[int, tuple[int, ...]]
 

@@ -314,7 +314,7 @@ class RoutingPlan:
 
     def receiver_update(self, receiver: int, checksums: Mapping[str, str]) -> tuple[Manifest, dict[str, Any]]:
         """The receiver's :class:`Manifest` (its pieces, named after public names; aliases onto them) and the JSON
-        handle for :class:`~skyrl_glm.sync.routing.transport.RoutedTransport` (routes, base offsets, buckets).
+        handle for :class:`~skyrl_glm.experimental.routing.transport.RoutedTransport` (routes, base offsets, buckets).
         ``checksums``: piece key -> checksum, computed by each sender on the piece it sends."""
         need = self.needs.get(receiver, {})
         by_piece: dict[str, list[str]] = {}
