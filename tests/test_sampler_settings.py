@@ -19,7 +19,8 @@ GLM5 = registry().model("glm-5.3")
 def test_tiny_glm5_is_served_with_glm_routing_and_a_deepgemm_indexer(tmp_path) -> None:
     config = json.loads((make_tiny(GLM5, tmp_path / "m") / "config.json").read_text())
     assert {k: config[k] for k in ROUTER} == ROUTER
-    assert config["index_n_heads"] in (16, 32, 64)  # what vLLM's DeepGEMM indexer takes
+    # vLLM 0.30's DeepGEMM indexer asserts 32 or 64 heads at the engine's first forward (16 passed on 0.26)
+    assert config["index_n_heads"] in (32, 64)
 
 
 def test_router_fields_supplied_on_gpu_only_where_missing(tmp_path) -> None:

@@ -76,7 +76,7 @@ def tiny_config():
         head_dim=64,
         index_topk=512,
         index_head_dim=128,  # >= qk_rope_head_dim (the indexer ropes its first 64 dims)
-        index_n_heads=16,  # vLLM's GPU indexer (DeepGEMM) takes 16, 32 or 64 heads; 2 kill the engine
+        index_n_heads=32,  # the GPU indexer (DeepGEMM): 16, 32 or 64 heads on vLLM 0.26, only 32 or 64 on vLLM 0.30
         max_position_embeddings=512,
         **ROUTER,
     )
