@@ -49,7 +49,7 @@ def test_canary_gpu_has_tiny_gpu_grpos_gpu_settings() -> None:
     ):
         assert OmegaConf.select(canary, key) == OmegaConf.select(tiny, key), key
     built = load_config("canary_gpu")
-    assert built.environment.env_class == "glm_canary" and built.generator.n_samples_per_prompt == 8
+    assert built.environment.env_class == "glm_canary" and built.generator.n_samples_per_prompt == 16
 
 
 def test_gpu_recipes_validate_and_dry_run_here(capsys: pytest.CaptureFixture[str]) -> None:
