@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -195,44 +196,53 @@ def test_noise_is_seeded_by_tensor_name(glm45_dir):
             assert torch.equal(pa, pb) and torch.count_nonzero(pa)
 
 
-@pytest.mark.slow
-def _cli_check(tmp_path, *args):
-    env = {**os.environ, "SKYRL_GLM_CACHE": str(tmp_path / "cache")}
+@dataclass
+class Cli:
+    """``skyrl-glm ARGS`` started in the background, its output going to files in ``tmp``."""
+
+    tmp: Path
+    cmd: list[str]
+    proc: subprocess.Popen
+
+    def result(self) -> subprocess.CompletedProcess:
+        try:
+            code = self.proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        out, err = ((self.tmp / name).read_text() for name in ("stdout.txt", "stderr.txt"))
+        return subprocess.CompletedProcess(self.cmd, code, out, err)
+
+
+def _start_cli(tmp: Path, *args: str) -> Cli:
+    env = {**os.environ, "SKYRL_GLM_CACHE": str(tmp / "cache")}
     for name in ("VLLM_LOGGING_LEVEL", "LOGURU_LEVEL", "TRANSFORMERS_VERBOSITY"):
         env.pop(name, None)
     cmd = [sys.executable, "-m", "skyrl_glm.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    with (tmp / "stdout.txt").open("w") as out, (tmp / "stderr.txt").open("w") as err:
+        return Cli(tmp, cmd, subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env))
 
 
-def test_cli_main_command_passes_quietly_and_writes_reports(tmp_path):
-    out, png = tmp_path / "reports" / "r.json", tmp_path / "reports" / "r.png"
-    proc = _cli_check(tmp_path, "check", "--json", str(out), "--plot", str(png))
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
-    report = json.loads(out.read_text())
-    assert report["verdict"] == "PASS" and [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5]
-    assert report["steps"][0]["decode"]["max"] <= 1e-5
-    assert png.stat().st_size > 1000
-    # The model the report names is still there (it was a deleted temporary directory), made from family + seed.
-    assert report["info"]["tiny_model"] == {"family": "glm-4.5", "seed": 0}
-    assert (Path(report["info"]["model_dir"]) / "model.safetensors").is_file()
-    # Quiet by default: no vLLM log lines (there were over a hundred), nothing from the engine process.
-    assert " INFO " not in log and "EngineCore" not in log and "Loading weights" not in log, log[-6000:]
-    assert len(log.splitlines()) < 40, log[-6000:]
-
-
-@pytest.mark.slow
-def test_cli_no_publish_exits_1_naming_step_5_and_verbose_shows_vllm(tmp_path):
-    out = tmp_path / "r.json"
-    proc = _cli_check(tmp_path, "-v", "check", "--fault", "no-publish", "--json", str(out))
-    assert proc.returncode == 1, proc.stdout[-3000:]
-    assert json.loads(out.read_text())["failed_step"] == 5
-    assert "FAIL at step 5" in proc.stdout.replace("\n", " ")
-    # -v lets vLLM's INFO log through, the engine-core process's included.
-    assert "(EngineCore" in proc.stdout + proc.stderr
+@pytest.fixture(scope="module")
+def cli_checks(tmp_path_factory):
+    """The two CLI checks below, started together: each starts its own vLLM engine, ~50 s of start-up that mostly
+    keeps one core busy importing, so on 2 cores they overlap well (and with the in-process check before them)."""
+    quiet, no_publish = tmp_path_factory.mktemp("cli-quiet"), tmp_path_factory.mktemp("cli-no-publish")
+    report = quiet / "reports" / "r"
+    started = {
+        "quiet": _start_cli(quiet, "check", "--json", f"{report}.json", "--plot", f"{report}.png"),
+        "no-publish": _start_cli(no_publish, "-v", "check", "--fault", "no-publish", "--json", f"{no_publish}/r.json"),
+    }
+    yield started
+    for cli in started.values():
+        if cli.proc.poll() is None:
+            cli.proc.kill()
+            cli.proc.wait()
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("cli_checks")  # first: the CLI checks start, and run beside this one
 def test_check_runs_on_any_glm_checkpoint_dir(tmp_path):
     """A checkpoint made with plain transformers (other sizes than the built-in tiny config) via --model DIR."""
     from transformers import AutoModelForCausalLM, Glm4MoeConfig
@@ -261,3 +271,33 @@ def test_check_runs_on_any_glm_checkpoint_dir(tmp_path):
     report = run(CheckOptions(model=str(tmp_path / "ckpt"), workdir=str(tmp_path)))
     assert report.passed, report.first_failure
     assert report.info["model"] == "glm-4.5" and report.steps[4].prefill.max <= 1e-5
+
+
+def test_cli_main_command_passes_quietly_and_writes_reports(cli_checks):
+    cli = cli_checks["quiet"]
+    out, png = cli.tmp / "reports" / "r.json", cli.tmp / "reports" / "r.png"
+    proc = cli.result()
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    report = json.loads(out.read_text())
+    assert report["verdict"] == "PASS" and [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5]
+    assert report["steps"][0]["decode"]["max"] <= 1e-5
+    assert png.stat().st_size > 1000
+    # The model the report names is still there (it was a deleted temporary directory), made from family + seed.
+    assert report["info"]["tiny_model"] == {"family": "glm-4.5", "seed": 0}
+    assert (Path(report["info"]["model_dir"]) / "model.safetensors").is_file()
+    # Quiet by default: no vLLM log lines (there were over a hundred), nothing from the engine process.
+    assert " INFO " not in log and "EngineCore" not in log and "Loading weights" not in log, log[-6000:]
+    assert len(log.splitlines()) < 40, log[-6000:]
+
+
+@pytest.mark.slow
+def test_cli_no_publish_exits_1_naming_step_5_and_verbose_shows_vllm(cli_checks):
+    cli = cli_checks["no-publish"]
+    out = cli.tmp / "r.json"
+    proc = cli.result()
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert json.loads(out.read_text())["failed_step"] == 5
+    assert "FAIL at step 5" in proc.stdout.replace("\n", " ")
+    # -v lets vLLM's INFO log through, the engine-core process's included.
+    assert "(EngineCore" in proc.stdout + proc.stderr

@@ -7,20 +7,35 @@ logprobs by 0.14 on average; a kv_b_proj-only LoRA moves HF by 0.094 and vLLM by
 token's outlier and moves with the random model: 0.073 for the seed-0 tiny model once it had 32 indexer heads
 (2026-12-02; base max 0.0029-0.0046 on seeds 0-2, seeds 1 and 2 within 0.06).
 Bounds: base max 0.02 / mean 0.005; LoRA max 0.1 / mean 0.02.
+
+The check on the same engine: default targets PASS with the exact repeat test (1e-6); a kv_b_proj LoRA, which vLLM
+silently ignores, FAILs at step 5; asking for kv_b_proj without the override is refused up front, and what is
+refused follows what the sampler runs (stock or with SkyRL's worker wrap). One engine serves the whole module (its
+start is most of the module's time on 2 cores).
 """
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from skyrl_glm.check.algorithm import CheckConfig, run_check
+from skyrl_glm.check.probes import make_probes
+from skyrl_glm.check.scorers import hf_trainer, vllm_sampler
 from skyrl_glm.models import glm5
 from skyrl_glm.models.glm5_vllm_cpu import DenseMlaUnsafe, as_dense_mla_config, cpu_sampler_overrides
 from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
+from skyrl_glm.sync.publisher import InMemoryPublisher
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 RANK = 8
+FAMILY = glm5.FAMILY
+KV_B = "self_attn.kv_b_proj"
+# LoRA ids of the adapters the comparison loads from disk: far above the check's versions on the same engine
+DEFAULT_ID, KV_B_ID = 1001, 1002
 BASE_MAX, BASE_MEAN = 0.02, 0.005
 LORA_MAX, LORA_MEAN = 0.1, 0.02
 
@@ -81,7 +96,7 @@ def test_engine_kwargs(tmp_path):
     assert kw["dtype"] == "bfloat16" and callable(kw["hf_overrides"]) and kw["max_model_len"] == 512
     assert kw["lora_target_modules"] == ["fused_qkv_a_proj", "q_b_proj", "o_proj", "gate_up_proj", "down_proj"]
     with pytest.raises(UnsupportedTargetError, match="kv_b_proj"):
-        vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=["self_attn.kv_b_proj"], device="cpu")
+        vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=[KV_B], device="cpu")
     with pytest.raises(UnsupportedTargetError, match="fused-MoE"):
         vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=["mlp.experts.gate_up_proj"], device="cpu")
     gpu = vllm_engine_kwargs(glm5.FAMILY, d5, lora_targets=glm5.FAMILY.lora.resolve(sampler="vllm"), device="cuda")
@@ -90,34 +105,40 @@ def test_engine_kwargs(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """One engine for the module: tiny GLM-5.3, LoRA on the default vllm-cpu targets plus kv_b_proj (so the
-    kv_b_proj finding can be shown; that target is only allowed here with allow_unsupported)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+def glm5_dir(tmp_path_factory):
     from skyrl_glm.models.tiny import make_tiny
 
+    return make_tiny(FAMILY, tmp_path_factory.mktemp("glm5"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def glm5_sampler(glm5_dir):
+    """The module's engine, as the check builds it (``vllm_sampler``: ``vllm_engine_kwargs`` + the sampler's
+    settings): LoRA on the default vllm-cpu targets plus kv_b_proj (so the kv_b_proj finding can be shown; that
+    target is only allowed here with allow_unsupported)."""
+    targets = FAMILY.lora.resolve(sampler="vllm-cpu") + [KV_B]
+    sampler = vllm_sampler(glm5_dir, family=FAMILY, targets=targets, rank=RANK, device="cpu", allow_unsupported=True)
+    yield sampler
+    sampler.close()
+
+
+@pytest.fixture(scope="module")
+def served(glm5_dir, glm5_sampler, tmp_path_factory):
+    """Base, default-target LoRA and kv_b_proj-only LoRA logprobs from the engine and from HF (+PEFT)."""
     root = tmp_path_factory.mktemp("glm5vllm")
-    model_dir = make_tiny(glm5.FAMILY, root / "model", seed=0)
-    default = glm5.FAMILY.lora.resolve(sampler="vllm-cpu")
+    model_dir = glm5_dir
+    default = FAMILY.lora.resolve(sampler="vllm-cpu")
     seqs = _ids()
     from transformers import AutoModelForCausalLM
 
     ref_base = _hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), seqs)
     ref_default = _hf_logprobs(_write_adapter(model_dir, default, root / "lora_default", 1), seqs)
-    ref_kvb = _hf_logprobs(_write_adapter(model_dir, ["self_attn.kv_b_proj"], root / "lora_kvb", 2), seqs)
+    ref_kvb = _hf_logprobs(_write_adapter(model_dir, [KV_B], root / "lora_kvb", 2), seqs)
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
 
-    kw = vllm_engine_kwargs(
-        glm5.FAMILY,
-        model_dir,
-        lora_targets=[*default, "self_attn.kv_b_proj"],
-        device="cpu",
-        max_model_len=256,
-        allow_unsupported=True,
-    )
-    llm = LLM(**kw, max_lora_rank=RANK, max_loras=2, enforce_eager=True, seed=0)
+    llm = glm5_sampler.llm
     sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
 
     def score(req):
@@ -129,12 +150,13 @@ def served(tmp_path_factory):
 
     got = {
         "base": score(None),
-        "default": score(LoRARequest("default", 1, str(root / "lora_default"))),
-        "kvb": score(LoRARequest("kvb", 2, str(root / "lora_kvb"))),
+        "default": score(LoRARequest("default", DEFAULT_ID, str(root / "lora_default"))),
+        "kvb": score(LoRARequest("kvb", KV_B_ID, str(root / "lora_kvb"))),
     }
+    for lora_id in (DEFAULT_ID, KV_B_ID):  # the check's versions below get the engine's LoRA slots to themselves
+        llm.llm_engine.remove_lora(lora_id)
     ref = {"base": ref_base, "default": ref_default, "kvb": ref_kvb}
-    yield got, ref
-    llm.llm_engine.engine_core.shutdown()
+    return got, ref
 
 
 @pytest.mark.vllm
@@ -173,3 +195,69 @@ def test_kv_b_proj_lora_is_silently_ignored_by_vllm(served):
     assert vllm_shift.max() <= 1e-2  # bf16 CPU scoring repeats only to ~4e-3 under load; hf moves >= 0.02
     assert hf_shift > 0.02
     assert mismatch.mean() > 0.02
+
+
+def _check(glm5_dir, sampler, targets, first_version):
+    trainer = hf_trainer(glm5_dir, family=FAMILY, targets=targets, rank=8, alpha=16, device="cpu")
+    publisher = InMemoryPublisher(sampler, SharedMemoryTransport())
+    return run_check(
+        trainer,
+        sampler,
+        publisher,
+        make_probes(FAMILY.tiny_vocab_size),
+        CheckConfig(first_version=first_version),
+    )
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_default_targets_pass_on_glm5(glm5_dir, glm5_sampler):
+    report = _check(glm5_dir, glm5_sampler, FAMILY.lora.resolve(sampler="vllm-cpu"), 1)
+    assert report.passed, report.first_failure
+    assert report.steps[4].decode is not None and report.steps[4].decode.mean <= 0.05
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_kv_b_proj_lora_fails_at_step_5(glm5_dir, glm5_sampler):
+    report = _check(glm5_dir, glm5_sampler, [KV_B], 3)
+    assert report.steps[2].passed  # the trainer moved: the perturbation is detectable
+    assert report.first_failure is not None and report.first_failure.step == 5, report.first_failure
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_cli_refuses_kv_b_proj_naming_the_module_and_why():
+    proc = subprocess.run(
+        [sys.executable, "-m", "skyrl_glm.cli", "check", "--model", "glm-5.3", "--lora-targets", KV_B],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert "kv_b_proj" in text and "silently ignores" in text
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_sampler_backend_decides_kv_b_proj() -> None:
+    """SkyRL's worker wrap patches vLLM's MLA only when every piece of its patch imports; the backend name says which
+    sampler really runs, and kv_b_proj is refused on every CPU backend (measured: ignored even with the patch)."""
+    from skyrl.backends.skyrl_train.patches.vllm.patch_glm5next_lora_packing import apply_glm5next_lora_packing_patch
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    from skyrl_glm.models.base import UnsupportedTargetError
+    from skyrl_glm.models.vllm_targets import sampler_backend
+
+    apply_glm5next_lora_packing_patch()
+    patched = bool(getattr(MLAAttention, "_skyrl_kv_b_proj_lora_patched", False))
+    assert sampler_backend("cpu") == "vllm-cpu"
+    assert sampler_backend("cpu", skyrl_worker=True) == ("vllm-cpu+skyrl" if patched else "vllm-cpu")
+    assert sampler_backend("cuda", skyrl_worker=True) == ("vllm+skyrl" if patched else "vllm")
+    for backend in ("vllm", "vllm-cpu", "vllm-cpu+skyrl"):
+        with pytest.raises(UnsupportedTargetError, match="kv_b_proj"):
+            FAMILY.lora.resolve([KV_B], sampler=backend)
+    assert FAMILY.lora.resolve([KV_B], sampler="vllm+skyrl") == [KV_B]  # left to the check, which runs every time
+    routed = "mlp.experts.gate_up_proj"
+    assert routed in FAMILY.lora.resolve(sampler="vllm") and routed not in FAMILY.lora.resolve(sampler="vllm-cpu+skyrl")

@@ -5,7 +5,10 @@ with a broken sync (memory over shared memory), which the check stops before ste
 
 Each run is a subprocess through one of the two doors (`skyrl-glm train`, or SkyRL's `main_base` with
 `trainer.override_entrypoint=skyrl_glm.train`), about 100 s on 2 cores (Ray, the vLLM CPU server and the policy
-worker start per run), and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`.
+worker start per run), and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`. The three runs start
+together when the first test asks for one (each has its own Ray cluster, ports, control key and directories, as
+two runs on one host do: docs/skyrl.md), so their start-ups, which mostly keep one core busy with imports, overlap;
+each test then judges its own run.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from skyrl_glm.quiet import QUIET
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -34,32 +41,44 @@ SECONDS_PER_SYNC: dict[str, list[float]] = {}
 DISK_LORA_WARNING = "saves LoRA adapters to disk"  # SkyRL's warning when trainer and vLLM are not colocated
 
 
-@pytest.fixture(scope="module")
-def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tiny-models")
-
-
 # The two doors: skyrl-glm's CLI, and SkyRL's own entrypoint handing over to skyrl_glm.train.
 CLI = ("-m", "skyrl_glm.cli", "train")
 SKYRL_MAIN = ("-m", "skyrl.train.entrypoints.main_base", "trainer.override_entrypoint=skyrl_glm.train")
 
 
-def train(
-    tmp: Path, cache: Path, *overrides: str, door: tuple[str, ...] = CLI, recipe: str = RECIPE
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+@dataclass
+class Run:
+    tmp: Path
+    cmd: list[str]
+    proc: subprocess.Popen[str]
+
+    def result(self) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+        """Waits for the run: its exit, output and summary (None when it wrote none)."""
+        try:
+            # ~100 s alone on a quiet 2-core machine; the three together, or a loaded machine, take longer
+            code = self.proc.wait(timeout=1500)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        out, err = ((self.tmp / name).read_text() for name in ("stdout.txt", "stderr.txt"))
+        summary_file = self.tmp / "log_path" / "skyrl_glm_summary.json"
+        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+        return subprocess.CompletedProcess(self.cmd, code, out, err), summary
+
+
+def start(tmp: Path, cache: Path, *overrides: str, door: tuple[str, ...] = CLI, recipe: str = RECIPE) -> Run:
+    """One run started in the background; its stdout and stderr go to files beside its outputs."""
     paths = [f"trainer.{key}={tmp / key}" for key in ("export_path", "ckpt_path", "log_path")]
     args = [*paths, f"trainer.policy.model.lora.lora_sync_path={tmp / 'lora_sync'}", *overrides]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SKYRL_GLM_CACHE": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.run(
-        [sys.executable, *door, recipe, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=900,  # ~100 s on a quiet 2-core machine; generous for a loaded one
-    )
-    summary_file = tmp / "log_path" / "skyrl_glm_summary.json"
-    return proc, json.loads(summary_file.read_text()) if summary_file.is_file() else None
+    # The third-party log settings `skyrl-glm` commands set (a value already set wins, as there): SkyRL's door
+    # imports vLLM and SkyRL's patches before skyrl_glm.train can set them. These runs used to inherit them from an
+    # in-process `skyrl-glm report` of an earlier test; started together, no such test has run yet.
+    env = {**QUIET, **os.environ, "PYTHONPATH": str(ROOT), "SKYRL_GLM_CACHE": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [sys.executable, *door, recipe, *args]
+    with (tmp / "stdout.txt").open("w") as out, (tmp / "stderr.txt").open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT, env=env)
+    return Run(tmp, cmd, proc)
 
 
 def tail(proc: subprocess.CompletedProcess[str]) -> str:
@@ -143,11 +162,35 @@ CANARY_EVALS = (
 )
 
 
-def test_memory_sync_canary_learns_without_writing_an_adapter(tmp_path: Path, model_cache: Path) -> None:
-    # The collective transport (NCCL between separate GPUs) over gloo: a group of the trainer's sending rank and the
-    # vLLM worker, the buckets broadcast over it, the manifest over the servers' control plane. The shared-memory
-    # transport (what `auto` picks on one node) runs in the broken-sync test below.
-    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.transport=nccl", *CANARY_EVALS, recipe=CANARY)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    """The module's three runs, started together (see the module's docstring); any still running at the end is
+    stopped."""
+    cache = tmp_path_factory.mktemp("tiny-models")
+    started = {
+        # The collective transport (NCCL between separate GPUs) over gloo: a group of the trainer's sending rank
+        # and the vLLM worker, the buckets broadcast over it, the manifest over the servers' control plane. The
+        # shared-memory transport (what `auto` picks on one node) runs in the broken-sync run.
+        "canary": ("skyrl_glm.sync.transport=nccl", *CANARY_EVALS, {"recipe": CANARY}),
+        # Sampling at T=0.7 as well: SkyRL's trainer divides logits by it and vLLM's logprobs are raw, so the
+        # check must score at T=1.0 to agree at the recipe's 1e-2 tolerance (at T=0.7 the gap was 0.68-0.90).
+        # Through SkyRL's own entrypoint: `main_base trainer.override_entrypoint=skyrl_glm.train`.
+        "disk": ("skyrl_glm.sync.mode=disk", "generator.sampling_params.temperature=0.7", {"door": SKYRL_MAIN}),
+        "no-publish": ("skyrl_glm.sync.fault=no-publish", {"recipe": CANARY}),
+    }
+    out = {}
+    for name, (*overrides, options) in started.items():
+        out[name] = start(tmp_path_factory.mktemp(name), cache, *overrides, **options)
+    yield out
+    for run in out.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+
+
+def test_memory_sync_canary_learns_without_writing_an_adapter(runs: dict[str, Run]) -> None:
+    tmp_path = runs["canary"].tmp
+    proc, summary = runs["canary"].result()
     assert proc.returncode == 0, tail(proc)
     assert summary is not None
     assert_trained_and_checked(summary, "memory", CANARY_STEPS)
@@ -196,17 +239,9 @@ def report_run_dir(export: Path, steps: tuple[int, ...]) -> None:
     assert (export / "report.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_disk_sync_runs_the_same_recipe(tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Sampling at T=0.7 as well: SkyRL's trainer divides logits by it and vLLM's logprobs are raw, so the check must
-    # score at T=1.0 to agree at the recipe's 1e-2 tolerance (at T=0.7 the gap was 0.68-0.90).
-    # Through SkyRL's own entrypoint: `main_base trainer.override_entrypoint=skyrl_glm.train`.
-    proc, summary = train(
-        tmp_path,
-        model_cache,
-        "skyrl_glm.sync.mode=disk",
-        "generator.sampling_params.temperature=0.7",
-        door=SKYRL_MAIN,
-    )
+def test_disk_sync_runs_the_same_recipe(runs: dict[str, Run], capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path = runs["disk"].tmp
+    proc, summary = runs["disk"].result()
     assert proc.returncode == 0, tail(proc)
     assert summary is not None
     assert_trained_and_checked(summary, "disk")
@@ -218,8 +253,9 @@ def test_disk_sync_runs_the_same_recipe(tmp_path: Path, model_cache: Path, capsy
             print(f"\n[skyrl-glm] {mode} sync, seconds per sync: {' '.join(f'{s:.3f}' for s in seconds)}")
 
 
-def test_a_broken_sync_aborts_at_the_first_check_with_the_report(tmp_path: Path, model_cache: Path) -> None:
-    proc, summary = train(tmp_path, model_cache, "skyrl_glm.sync.fault=no-publish", recipe=CANARY)
+def test_a_broken_sync_aborts_at_the_first_check_with_the_report(runs: dict[str, Run]) -> None:
+    tmp_path = runs["no-publish"].tmp
+    proc, summary = runs["no-publish"].result()
     assert proc.returncode == 1, tail(proc)
     assert summary is None  # stopped before training finished
     assert "stopped by the handoff check" in proc.stderr, tail(proc)
