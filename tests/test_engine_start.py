@@ -71,3 +71,19 @@ def test_a_forced_target_vllm_cannot_wrap_is_one_line_and_exit_2(tmp_path: Path)
     assert len(error) == 1, done.stderr[-2000:]
     assert "vLLM's engine did not start: AssertionError: CPUUnquantizedExperts does not support LoRA" in error[0]
     assert "--allow-unsupported-targets" in error[0]
+
+
+def test_an_earlier_engine_of_the_same_command_is_not_the_reason(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text("(Worker pid=1) ERROR 12-02 00:00:00 [x.py:1] ValueError: an earlier engine's error\n")
+    offset = log.stat().st_size
+    with log.open("a") as f:
+        f.write(ENGINE_LOG)
+    message = str(start_failure(RuntimeError("wrapper"), str(log), offset))
+    assert "AssertionError: CPUUnquantizedExperts" in message and "an earlier engine's error" not in message
+
+
+def test_an_unwritable_engine_log_leaves_the_terminal_as_it_is(caplog: pytest.LogCaptureFixture) -> None:
+    with engine_output("/proc/skyrl-glm-no-such-dir/engine.log"):
+        os.write(1, b"")  # fds 1 and 2 untouched and open
+    assert "cannot be written" in caplog.text and caplog.text.count("\n") == 1

@@ -128,9 +128,14 @@ def engine_output(path: str | None) -> Iterator[None]:
     if not path:
         yield
         return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as e:
+        log.warning("%s=%s cannot be written (%s): the engine writes to the terminal", ENGINE_LOG_ENV, path, e)
+        yield
+        return
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     saved = {target: os.dup(target) for target in (1, 2)}
     try:
         for target in saved:
@@ -149,11 +154,16 @@ LOG_PREFIX = re.compile(r"^\((?:EngineCore|Worker)[^)]*\)\s+(?:[A-Z]+ [\d-]+ [\d
 ERROR_LINE = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception): .+")
 
 
-def start_failure(error: BaseException, log: str | None) -> EngineStartError:
+def start_failure(error: BaseException, log: str | None, offset: int = 0) -> EngineStartError:
     """The engine's start failure as one message: the first ``SomethingError: ...`` line its processes wrote to
-    ``log`` that is not a wrapper pointing elsewhere (vLLM's own exception says only "see root cause above"), else
-    vLLM's exception."""
-    lines = Path(log).read_text(errors="replace").splitlines() if log and Path(log).is_file() else []
+    ``log`` past ``offset`` (where this engine's start began: an earlier engine of the same command wrote before it)
+    that is not a wrapper pointing elsewhere (vLLM's own exception says only "see root cause above"), else vLLM's
+    exception."""
+    lines = []
+    if log and Path(log).is_file():
+        with open(log, "rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
     causes = [
         line
         for line in (LOG_PREFIX.sub("", raw) for raw in lines)
@@ -174,11 +184,12 @@ class VllmEngineSampler(LoraVersions):
         super().__init__(settings)
         apply_engine_environment()
         log = os.environ.get(ENGINE_LOG_ENV)
+        offset = os.path.getsize(log) if log and os.path.isfile(log) else 0
         try:
             with engine_output(log):
                 self.llm = LLM(**settings)
         except RuntimeError as e:
-            raise start_failure(e, log) from e
+            raise start_failure(e, log, offset) from e
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop the engine now. Left to interpreter exit, vLLM waits 5 s for its engine process (whose CPU
