@@ -82,3 +82,13 @@ def test_gpu_share_takes_a_share_and_refuses_the_rest() -> None:
     for bad in ("0", "-0.1", "1.5", "nan", "inf", "half"):
         with pytest.raises(ValueError, match="SKYRL_GLM_GPU_MEMORY_UTILIZATION"):
             gpu_share(bad)
+
+
+def test_kv_cache_size_takes_gib_and_refuses_the_rest() -> None:
+    from skyrl_glm.sync.vllm.engine import kv_cache_bytes
+
+    assert kv_cache_bytes("2") == 2 * 2**30
+    assert kv_cache_bytes("0.5") == 2**29
+    for bad in ("0", "-1", "2000", "nan", "two"):
+        with pytest.raises(ValueError, match="SKYRL_GLM_KV_CACHE_GIB"):
+            kv_cache_bytes(bad)

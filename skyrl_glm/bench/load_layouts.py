@@ -90,7 +90,6 @@ def _engine(model_dir: Path, family: Any, targets: list[str], layout: str, rank:
         "skip_tokenizer_init": True,
         "dtype": "bfloat16",
         "lora_target_modules": family.lora.vllm_modules(targets),
-        "gpu_memory_utilization": 0.9,
         "worker_extension_cls": f"{__name__}.SlotReport",
         **engine_arguments(layout),
     }

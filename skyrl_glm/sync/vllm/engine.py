@@ -67,6 +67,22 @@ def gpu_share(value: str) -> float:
     return share
 
 
+KV_CACHE_ENV = "SKYRL_GLM_KV_CACHE_GIB"
+"""A fixed KV cache per sampler engine, in GiB, on GPU: vLLM then skips its memory profiling, which counts what
+other processes allocate or free meanwhile as its own (engines started side by side on one GPU, or beside SkyRL's
+colocated loop that sleeps and wakes its engine, failed it on one H200)."""
+
+
+def kv_cache_bytes(value: str) -> int:
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = float("nan")
+    if not 0.0 < gib <= 1024.0:
+        raise ValueError(f"{KV_CACHE_ENV}={value!r}: a KV cache size in GiB, in (0, 1024]")
+    return int(gib * 2**30)
+
+
 def engine_settings(engine: Mapping[str, Any], *, max_lora_rank: int = 16) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` or ``AsyncEngineArgs``: a checkpoint's serving arguments (``model`` and
     what :func:`~skyrl_glm.models.vllm_targets.vllm_engine_kwargs` gives for its family, or any vLLM argument)
@@ -87,8 +103,11 @@ def engine_settings(engine: Mapping[str, Any], *, max_lora_rank: int = 16) -> di
     }
     if current_platform.is_cpu():
         settings["gpu_memory_utilization"] = 0.2  # on CPU it reserves host memory
-    elif share := os.environ.get(GPU_SHARE_ENV):
-        settings["gpu_memory_utilization"] = gpu_share(share)
+    else:
+        if share := os.environ.get(GPU_SHARE_ENV):
+            settings["gpu_memory_utilization"] = gpu_share(share)
+        if kv := os.environ.get(KV_CACHE_ENV):
+            settings["kv_cache_memory_bytes"] = kv_cache_bytes(kv)
     return {**settings, **engine}
 
 
