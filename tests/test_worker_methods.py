@@ -113,3 +113,21 @@ def test_a_group_join_is_signed_typed_and_accepted_once(monkeypatch: pytest.Monk
             getattr(worker, method)(*again)
     assert len(joins) == 1 and receiver_state(worker).group == "group"
     assert sync_group.TIMEOUT.total_seconds() <= 60  # a join that cannot complete blocks the engine this long at most
+
+
+def test_skyrls_mixed_format_engine_receives_per_expert_names():
+    """SkyRL 0.4.0 starts every LoRA engine with ``enable_mixed_moe_lora_format`` and loads without
+    ``is_3d_lora_weight``: a receiver that built the 3D stack there stopped every first sync on one H200 (vLLM's
+    ``fused_moe.py`` asserts a list per expert). skyrl-glm's own loader sends the flag, so its engines keep 3D."""
+    from skyrl_glm.sync.expert_layout import PER_EXPERT, STACKED_3D
+    from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
+
+    mixed = SimpleNamespace(lora_config=SimpleNamespace(enable_mixed_moe_lora_format=True))
+
+    class OwnWorker(LoraSyncWorkerExtension):
+        vllm_config = mixed
+
+    skyrl_worker = Worker()
+    skyrl_worker.vllm_config = mixed
+    assert receiver_state(skyrl_worker).receiver.layout == PER_EXPERT
+    assert receiver_state(OwnWorker()).receiver.layout == STACKED_3D

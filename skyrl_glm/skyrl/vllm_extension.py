@@ -36,6 +36,8 @@ class SkyRLGlmWorkerExtension(NewInferenceWorkerWrap, LoraSyncWorkerExtension):
     """SkyRL's worker RPCs and skyrl-glm's verified in-memory LoRA receive, in one vLLM worker."""
 
     skyrl_glm_group_required = True  # never vLLM's own world group: the trainer is not in it
+    skyrl_glm_loads_3d = False  # SkyRL's load_lora_adapter sends no is_3d_lora_weight: per-expert names under its
+    # enable_mixed_moe_lora_format
 
     def skyrl_glm_join_group(self, *args: Any, **kwargs: Any) -> int:
         """Join the trainer's sync group (blocks until every rank joined, at most ``sync_group.TIMEOUT``); once per

@@ -66,14 +66,18 @@ def engine_arguments(layout: str) -> dict[str, bool]:
     return {flag: True} if flag else {}
 
 
-def layout_of(settings: Mapping[str, Any] | Any) -> str:
+def layout_of(settings: Mapping[str, Any] | Any, *, loads_3d: bool = True) -> str:
     """The layout an engine runs, from its engine arguments (a mapping) or its ``LoRAConfig`` (attributes): the one
-    source of truth, read where the engine starts and inside its workers."""
+    source of truth, read where the engine starts and inside its workers. ``loads_3d``: whether the engine's loader
+    sends ``LoRARequest(is_3d_lora_weight=True)``; without it ``enable_mixed_moe_lora_format`` (which SkyRL 0.4.0
+    sets on every LoRA engine, for Megatron's per-expert export) serves per-expert names through vLLM's universal
+    2D wrapper, and a 3D stack would stop its load (``fused_moe.py`` asserts a list per expert, on one H200)."""
     read = settings.get if isinstance(settings, Mapping) else lambda key, default: getattr(settings, key, default)
     on = [layout for layout, flag in ENGINE_FLAGS.items() if read(flag, False)]
     if len(on) > 1:
         raise LayoutError(f"{' and '.join(ENGINE_FLAGS[x] for x in on)} are exclusive: pick one expert layout")
-    return on[0] if on else PER_EXPERT
+    layout = on[0] if on else PER_EXPERT
+    return PER_EXPERT if layout == STACKED_3D and not loads_3d else layout
 
 
 def request_fields(layout: str) -> dict[str, Any]:

@@ -69,7 +69,8 @@ def receiver_state(worker: Any) -> ReceiverState:
     if state is None:
         device = getattr(worker, "device", None) or torch.device("cpu")
         lora_config = getattr(getattr(worker, "vllm_config", None), "lora_config", None)
-        receiver = AdapterReceiver(device=device, layout=layout_of(lora_config))
+        layout = layout_of(lora_config, loads_3d=worker.skyrl_glm_loads_3d)
+        receiver = AdapterReceiver(device=device, layout=layout)
         state = worker.__dict__[_STATE] = ReceiverState(receiver)
     return state
 
@@ -95,6 +96,7 @@ class LoraSyncWorkerExtension:
     """Methods mixed into vLLM's worker; each is reached as ``llm.collective_rpc("<method>", args=signed(...))``."""
 
     skyrl_glm_group_required = False  # a collective transport needs the group of skyrl_glm_join_group
+    skyrl_glm_loads_3d = True  # skyrl-glm's loader sends LoRARequest(is_3d_lora_weight=True) to a stacked-3d engine
 
     def skyrl_glm_receive(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Receive and verify one update, then stage it. Never raises: a refusal is returned with its reason."""
