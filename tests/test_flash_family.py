@@ -39,6 +39,10 @@ def test_stock_vllm_refuses_the_targets_its_flash_mapping_drops() -> None:
     assert glm53.resolve(["q_a_proj", "shared_experts.gate_proj"], sampler="vllm")
     with pytest.raises(UnsupportedTargetError, match="kv_b_proj"):
         flash.resolve(["kv_b_proj"], sampler="vllm")
+    # under SkyRL's MLA patch (written for Flash) kv_b_proj is left to the check; on GLM-5.3 it was measured ignored
+    assert flash.resolve(["kv_b_proj"], sampler="vllm+skyrl") == ["self_attn.kv_b_proj"]
+    with pytest.raises(UnsupportedTargetError, match="DSA"):
+        glm53.resolve(["kv_b_proj"], sampler="vllm+skyrl")
 
 
 def test_flash_serving_arguments(flash_dir, tmp_path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from skyrl_glm.checkpoint import read_config
 from skyrl_glm.models.base import LoraPolicy, ModelFamily
-from skyrl_glm.models.targets import dsa_indexer, mla_attention, moe_mlp
+from skyrl_glm.models.targets import KV_B_DSA_PATCHED, dsa_indexer, mla_attention, moe_mlp
 
 # Full-size config (transformers' GlmMoeDsaConfig defaults equal GLM-5.3's published config).
 FACTS = {
@@ -103,7 +103,7 @@ FAMILY = ModelFamily(
     summary="GLM-5.3: MLA + DSA sparse attention, 256+1 experts",
     facts=FACTS,
     lora=LoraPolicy(
-        targets=tuple(mla_attention() + dsa_indexer() + moe_mlp()),
+        targets=tuple(mla_attention(kv_b_patched=KV_B_DSA_PATCHED) + dsa_indexer() + moe_mlp()),
         megatron_lora_kwargs={"share_expert_adapters": True},
     ),
     tiny_config=tiny_config,

