@@ -107,3 +107,17 @@ def test_gpu_verify_refuses_skyrls_loop_beside_other_lanes(tmp_path: Path) -> No
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "lane kvb,canary_memory runs SkyRL's loop" in done.stderr
     assert not (tmp_path / "out" / "logs" / "gpu.txt").exists()  # nothing ran
+
+
+def test_gpu_verify_says_why_a_step_failed(tmp_path: Path) -> None:
+    """The call's output carries each failed step's own error line (the next call is decided on it while the GPU
+    machine is held), and the results file is written."""
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_BUDGET_S": "30"}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-verify"), "nope"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "nope: exit 2 in " in done.stdout
+    assert "  nope: error: unknown step nope" in done.stdout
+    assert (tmp_path / "out" / "results.tar.gz").is_file()
