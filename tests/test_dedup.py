@@ -142,3 +142,11 @@ def test_views_at_one_address_are_one_tensor_only_with_the_same_shape_strides_an
     assert sorted(d.names) == ["a0", "flat0", "int0", "t0"]
     assert all(d.names[f"{k}0"] == [f"{k}{i}" for i in range(3)] for k in views)
     assert all(torch.equal(d.unique[f"{k}0"], v) and d.unique[f"{k}0"].dtype == v.dtype for k, v in views.items())
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_an_empty_stream_is_an_empty_dedup(declared):
+    """Nothing to send (a fault or filter removed every tensor): an empty result, not a crash."""
+    d = deduplicate(iter(()), shared_storage=declared)
+    assert (d.unique, d.names, d.aliases, d.public_count, d.public_bytes) == ({}, {}, {}, 0, 0)
+    assert deduplicate({}).unique == {}

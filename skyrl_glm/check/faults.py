@@ -74,16 +74,20 @@ class DropAliases(_BreaksUpdates):
 
 class DropGroup(_BreaksUpdates):
     """Publishes every tensor but one target group's (names holding ``marker``): the sampler serves everything but
-    that group, as a loader that silently skips it would."""
+    that group, as a loader that silently skips it would. An adapter of that group alone leaves nothing to send:
+    success is claimed and nothing is sent (an empty update would be refused), so the sampler stays stale."""
 
     def __init__(self, inner: Any, marker: str, label: str) -> None:
         super().__init__(inner)
         self.marker, self.label = marker, label
 
     def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
-        kept = {k: v for k, v in dict(adapter).items() if self.marker not in k}
-        if len(kept) == len(adapter):
+        tensors = dict(adapter)
+        kept = {k: v for k, v in tensors.items() if self.marker not in k}
+        if len(kept) == len(tensors):
             raise FaultNotApplicable(f"drop-{self.label} needs an adapter with {self.label} LoRA; this one has none")
+        if not kept:
+            return UpdateResult(True, version, reason=f"fault drop-{self.label}: every tensor dropped, nothing sent")
         return self.inner.publish(kept, adapter_config, version)
 
 

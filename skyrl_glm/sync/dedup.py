@@ -343,7 +343,7 @@ class _Deduper:
         order = np.argsort(refs, kind="stable")
         ends = np.cumsum(np.bincount(refs, minlength=len(self.sent))).tolist()
         grouped = _pick(names, order)
-        by_sent = [list(grouped[s:e]) for s, e in zip([0, *ends[:-1]], ends, strict=True)]
+        by_sent = [list(grouped[s:e]) for s, e in zip([0, *ends][:-1], ends, strict=True)]  # none for no tensors
         counts = np.diff([0, *ends])
         nbytes = self.kinds[: len(self.sent), 2]
         return Dedup(
