@@ -150,3 +150,15 @@ def test_an_empty_stream_is_an_empty_dedup(declared):
     d = deduplicate(iter(()), shared_storage=declared)
     assert (d.unique, d.names, d.aliases, d.public_count, d.public_bytes) == ({}, {}, {}, 0, 0)
     assert deduplicate({}).unique == {}
+
+
+@pytest.mark.parametrize("length", [5, 40])
+def test_a_part_keeps_the_last_names_tensor_per_address(length):
+    """Views of one address differ in size: a part counts the last name's, read per name or (long) per object."""
+    base = torch.randn(64)
+    views = [base[:8], base, base[:8].view(2, 4)]
+    tensors = [views[i % 3] for i in range(length)] + [torch.randn(2) for _ in range(3)]
+    by_address = dedup.Part.of([f"n{i}" for i in range(len(tensors))], tensors).by_address
+    expected = dict(zip(map(torch.Tensor.data_ptr, tensors), tensors, strict=True))
+    assert set(by_address) == set(expected)
+    assert all(by_address[p] is t for p, t in expected.items())

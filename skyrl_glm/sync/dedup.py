@@ -28,6 +28,7 @@ after its slice's other new values); each sent tensor's names keep stream order,
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import operator
@@ -60,10 +61,13 @@ class Dedup:
         return {p: sent for sent, names in self.names.items() for p in names[1:]}
 
 
-# An object's identity, read at C level: ``object.__hash__`` is a bijection of the object's address in CPython, and
-# unlike ``id`` raises no audit event (``id`` calls every audit hook: one Python hook, which filelock 4.3 installs at
-# import, makes each call ~0.7 us, 80 ms over a full GLM-5.3 export). Groups it forms are proven with ``is``.
-_identity = object.__hash__
+def _addresses(objs: Sequence[object]) -> np.ndarray:
+    """Each object's address (its identity: the table holds them all alive), read at once: an object array holds a
+    ``PyObject *`` per element. No Python call per object: ``id`` calls every audit hook (one Python hook, which
+    filelock 4.3 installs at import, makes each call ~0.7 us), ``object.__hash__`` is still ~0.2 us a call."""
+    table = np.fromiter(objs, object, len(objs))
+    words = (ctypes.c_ssize_t * len(objs)).from_address(table.__array_interface__["data"][0])
+    return np.frombuffer(words, np.intp).astype(np.int64)  # a copy: the table goes
 
 
 class _Kinds:
@@ -128,12 +132,9 @@ class _Slice:
         else:  # few objects under many names (shared storage): identities first, addresses per object
             ptrs, obj, shared = None, np.zeros(n, dtype=np.int64), np.arange(n)
         if len(shared):
-            members = _pick(tensors, shared)
-            keys = np.fromiter(map(_identity, members), np.int64, len(shared))
+            keys = _addresses(tensors if len(shared) == n else _pick(tensors, shared))
             _, key_first, key_inverse = np.unique(keys, return_index=True, return_inverse=True)
             obj[shared] = shared[key_first][key_inverse.reshape(-1)]
-            if not all(map(operator.is_, members, _pick(tensors, obj[shared]))):
-                raise RuntimeError("two live tensors hashed alike by object.__hash__ (not CPython?)")
         heads, position = np.unique(obj, return_inverse=True)  # objects in order of first appearance
         objs = _pick(tensors, heads)
         if ptrs is None:
@@ -175,7 +176,13 @@ class Part:
 
     @classmethod
     def of(cls, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> Part:
-        return cls(names, tensors, dict(zip(map(torch.Tensor.data_ptr, tensors), tensors, strict=True)))
+        """Per address, the last name's tensor (as a dict over every name keeps). A long part (shared storage: few
+        objects under many names) asks each object once, in order of its last name: the same tensor per address."""
+        objs = tensors
+        if len(tensors) > 32:
+            _, last = np.unique(_addresses(tensors)[::-1], return_index=True)
+            objs = _pick(tensors, np.sort(len(tensors) - 1 - last))
+        return cls(names, tensors, dict(zip(map(torch.Tensor.data_ptr, objs), objs, strict=True)))
 
 
 class StreamReader:
@@ -234,7 +241,7 @@ class _Deduper:
         self.words: list[torch.Tensor] = []  # per sent tensor, its bytes readable as int32 words (itself, mostly)
         self.addrs: list[int] = []  # ... and their address
         self.at: dict[tuple[int, ...], int] = {}  # view (see ``_Kinds``) -> the sent tensor showing it
-        self.sent_ptrs: list[int] = []
+        self.sent_ptrs: set[int] = set()  # the sent tensors' addresses
         self.prints: dict[int, int] = {}  # print (kind and fingerprint, mixed) -> the first sent value with it
         self.collided: dict[int, list[int]] = {}  # print -> further sent values with it (rare)
         self.refs: list[np.ndarray] = []  # per slice: the sent index of each of its names
@@ -250,7 +257,7 @@ class _Deduper:
         self.words.append(words)
         self.addrs.append(words.data_ptr())
         self.at.setdefault(tuple(view.tolist()), i)
-        self.sent_ptrs.append(int(view[0]))
+        self.sent_ptrs.add(int(view[0]))
         return i
 
     def _by_view(self, sl: _Slice) -> tuple[np.ndarray, np.ndarray]:
@@ -261,8 +268,8 @@ class _Deduper:
         ref = np.full(n, -1, dtype=np.int64)
         link = np.arange(n)
         _, inverse, counts = np.unique(sl.ptrs, return_inverse=True, return_counts=True)
-        sent_ptrs = np.array(self.sent_ptrs, dtype=np.int64)
-        check = np.flatnonzero((counts[inverse.reshape(-1)] > 1) | np.isin(sl.ptrs, sent_ptrs))
+        at_sent = np.fromiter(map(self.sent_ptrs.__contains__, sl.ptrs.tolist()), bool, n)
+        check = np.flatnonzero((counts[inverse.reshape(-1)] > 1) | at_sent)
         if len(check):
             views, first, of_view = np.unique(sl.views[check], axis=0, return_index=True, return_inverse=True)
             of_view = of_view.reshape(-1)
