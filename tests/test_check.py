@@ -135,7 +135,7 @@ def test_drop_shared_experts_fails_on_every_seed(glm45_trainer, glm45_sampler, v
         report = _seeded_check(glm45_trainer, sampler, publisher, versions, seed)
         assert report.first_failure is not None and report.first_failure.step == 5, (seed, report.first_failure)
         three = report.steps[2]
-        assert all(three.extra[f"alone[{g}]"] > CheckConfig().group_bound for g in groups), three.extra
+        assert all(three.extra[f"without[{g}]"] > CheckConfig().group_bound for g in groups), three.extra
         assert report.steps[4].prefill.mean > CheckConfig().mean_tol
 
 

@@ -137,7 +137,7 @@ def run_pairs(
 
 def print_matrix(result: dict[str, Any]) -> None:
     table = Table(title=f"handoff checks: {result['model']} on {result['device']}")
-    columns = ("transport", "fault", "seed", "expected", "outcome", "weakest group alone", "step 5 prefill mean")
+    columns = ("transport", "fault", "seed", "expected", "outcome", "weakest group left out", "step 5 prefill mean")
     for col in (*columns, "publish s", "verdict"):
         table.add_column(col)
     for r in result["checks"]:
@@ -145,9 +145,9 @@ def print_matrix(result: dict[str, Any]) -> None:
         five, four, three = steps.get(5), steps.get(4), steps.get(3)
         mean = f"{five['prefill']['mean']:.4g}" if five and five.get("prefill") else "-"
         secs = f"{four['seconds']:.3f}" if four else "-"
-        alone = {k: v for k, v in (three or {}).get("extra", {}).items() if k.startswith("alone[")}
-        weakest = min(alone, key=alone.__getitem__, default=None)
-        shown = f"{weakest[6:-1]} {alone[weakest]:.3g}" if weakest else "-"
+        left_out = {k: v for k, v in (three or {}).get("extra", {}).items() if k.startswith("without[")}
+        weakest = min(left_out, key=left_out.__getitem__, default=None)
+        shown = f"{weakest[len('without[') : -1]} {left_out[weakest]:.3g}" if weakest else "-"
         verdict = "ok" if r["as_expected"] else "WRONG"
         table.add_row(
             r["transport"], r["fault"], str(r["seed"]), r["expected"], r["outcome"], shown, mean, secs, verdict
