@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -66,75 +67,14 @@ def test_a_third_party_package_adds_a_model_family(tmp_path, monkeypatch):
 
 
 ACME = """
-import torch
+from toy_lora import ToySampler, ToyTrainer
 
 from skyrl_glm.models.base import LoraPolicy, ModelFamily
 from skyrl_glm.models.glm4 import tiny_config
 from skyrl_glm.models.targets import gqa_attention, moe_mlp
-from skyrl_glm.plugins import hookimpl, registry
-from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
-from skyrl_glm.sync.update import UpdateResult
+from skyrl_glm.plugins import hookimpl
 
-V, R, ALPHA = 512, 8, 16
-A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
-B = A.replace("lora_A", "lora_B")
-
-
-def logprobs(adapter, scale, sequences):
-    # A toy bigram model whose next-token logits move with the LoRA delta B @ A (one column per previous token).
-    base = torch.randn(V, V, generator=torch.Generator().manual_seed(0))
-    logits = base + scale * (adapter[B].float() @ adapter[A].float()).T
-    table = torch.log_softmax(logits, dim=-1)
-    return [[float(table[p, t]) for p, t in zip(s[:-1], s[1:])] for s in sequences]
-
-
-class ToyTrainer:
-    def __init__(self):
-        self.tensors = {A: torch.randn(R, V, generator=torch.Generator().manual_seed(1)), B: torch.zeros(V, R)}
-        self.lora_config = {"peft_type": "LORA", "r": R, "lora_alpha": ALPHA, "target_modules": ["q_proj"]}
-
-    def adapter(self):
-        return dict(self.tensors)
-
-    def score(self, sequences):
-        return logprobs(self.tensors, ALPHA / R, sequences)
-
-    def perturb_lora_b(self, scale, seed=0):
-        self.tensors[B] = self.tensors[B] + scale * torch.randn(V, R, generator=torch.Generator().manual_seed(seed))
-        return 1
-
-
-class ToySampler:
-    def __init__(self):
-        # No adapter loaded yet: a zero delta, the base model, as a real sampler serves it.
-        self.rx, self.adapter, self.scale = AdapterReceiver(), {A: torch.zeros(R, V), B: torch.zeros(V, R)}, 1.0
-
-    def apply_update(self, manifest_json, handle, transport):
-        try:
-            got = self.rx.receive(manifest_json, handle, registry().transport(transport)())
-        except UpdateRejected as e:
-            return UpdateResult(False, None, e.reason)
-        self.rx.commit(got.version)
-        self.adapter = got.tensors
-        self.scale = got.adapter_config["lora_alpha"] / got.adapter_config["r"]
-        return UpdateResult(True, got.version)
-
-    def score(self, sequences):
-        return logprobs(self.adapter, self.scale, sequences)
-
-    def generate(self, prompts, max_tokens):
-        return [
-            (toks, logprobs(self.adapter, self.scale, [p + toks])[0][-len(toks):])
-            for p, toks in ((p, self._greedy(p, max_tokens)) for p in prompts)
-        ]
-
-    def _greedy(self, prompt, max_tokens):
-        base = torch.randn(V, V, generator=torch.Generator().manual_seed(0))
-        table = base + self.scale * (self.adapter[B].float() @ self.adapter[A].float()).T
-        seq = list(prompt)
-        for _ in range(max_tokens):
-            seq.append(int(table[seq[-1]].argmax()))
-        return seq[len(prompt):]
+MODULE = "0.self_attn.q_proj"
 
 
 @hookimpl
@@ -146,12 +86,12 @@ def skyrl_glm_model_families():
 
 @hookimpl
 def skyrl_glm_trainers():
-    return [("acme-toy", lambda model_dir, **kw: ToyTrainer())]
+    return [("acme-toy", lambda model_dir, **kw: ToyTrainer(MODULE))]
 
 
 @hookimpl
 def skyrl_glm_samplers():
-    return [("acme-toy", lambda model_dir, **kw: ToySampler())]
+    return [("acme-toy", lambda model_dir, **kw: ToySampler(MODULE))]
 """
 
 
@@ -167,7 +107,8 @@ def test_an_entry_point_plugin_reaches_sizes_bench_and_the_check(tmp_path):
     import json
     import os
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    here = str(Path(__file__).parent)  # the plugin's toy trainer and sampler: tests/toy_lora.py
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), here, os.environ.get("PYTHONPATH", "")])}
 
     def run(*args: str, expect: int = 0) -> str:
         out = subprocess.run(
