@@ -57,14 +57,19 @@ GPU_SHARE_ENV = "SKYRL_GLM_GPU_MEMORY_UTILIZATION"
 it to run several checks side by side on one GPU."""
 
 
-def gpu_share(value: str) -> float:
+def _env_number(env: str, value: str, high: float, what: str) -> float:
+    """``value`` of environment variable ``env`` as a number in (0, high], else one ``ValueError`` naming both."""
     try:
-        share = float(value)
+        number = float(value)
     except ValueError:
-        share = float("nan")
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"{GPU_SHARE_ENV}={value!r}: a share of GPU memory in (0, 1]")
-    return share
+        number = float("nan")
+    if not 0.0 < number <= high:
+        raise ValueError(f"{env}={value!r}: {what} in (0, {high:g}]")
+    return number
+
+
+def gpu_share(value: str) -> float:
+    return _env_number(GPU_SHARE_ENV, value, 1.0, "a share of GPU memory")
 
 
 KV_CACHE_ENV = "SKYRL_GLM_KV_CACHE_GIB"
@@ -74,13 +79,7 @@ colocated loop that sleeps and wakes its engine, failed it on one H200)."""
 
 
 def kv_cache_bytes(value: str) -> int:
-    try:
-        gib = float(value)
-    except ValueError:
-        gib = float("nan")
-    if not 0.0 < gib <= 1024.0:
-        raise ValueError(f"{KV_CACHE_ENV}={value!r}: a KV cache size in GiB, in (0, 1024]")
-    return int(gib * 2**30)
+    return int(_env_number(KV_CACHE_ENV, value, 1024.0, "a KV cache size in GiB,") * 2**30)
 
 
 def engine_settings(engine: Mapping[str, Any], *, max_lora_rank: int = 16) -> dict[str, Any]:
