@@ -121,3 +121,15 @@ def test_gpu_verify_says_why_a_step_failed(tmp_path: Path) -> None:
     assert "nope: exit 2 in " in done.stdout
     assert "  nope: error: unknown step nope" in done.stdout
     assert (tmp_path / "out" / "results.tar.gz").is_file()
+
+
+def test_gpu_verify_refuses_a_bad_kv_cache_size_before_anything(tmp_path: Path) -> None:
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SKYRL_GLM_KV_CACHE_GIB": "two"}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-verify"), "tests"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "SKYRL_GLM_KV_CACHE_GIB='two'" in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing made or run

@@ -76,7 +76,7 @@ def test_an_error_without_a_message_says_where_it_was_raised() -> None:
 
 
 def test_gpu_share_takes_a_share_and_refuses_the_rest() -> None:
-    from skyrl_glm.sync.vllm.engine import gpu_share
+    from skyrl_glm.sync.vllm.engine_env import gpu_share
 
     assert gpu_share("0.25") == 0.25
     for bad in ("0", "-0.1", "1.5", "nan", "inf", "half"):
@@ -85,7 +85,7 @@ def test_gpu_share_takes_a_share_and_refuses_the_rest() -> None:
 
 
 def test_kv_cache_size_takes_gib_and_refuses_the_rest() -> None:
-    from skyrl_glm.sync.vllm.engine import kv_cache_bytes
+    from skyrl_glm.sync.vllm.engine_env import kv_cache_bytes
 
     assert kv_cache_bytes("2") == 2 * 2**30
     assert kv_cache_bytes("0.5") == 2**29

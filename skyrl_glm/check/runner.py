@@ -104,6 +104,12 @@ def check_device(device: str) -> None:
         return
     import torch
 
+    from skyrl_glm.sync.vllm.engine_env import gpu_environment_settings
+
+    try:
+        gpu_environment_settings()  # what a GPU engine reads from the environment, read before anything starts
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     index = int(match.group(1) or 0)
     if index >= torch.cuda.device_count():
         raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")

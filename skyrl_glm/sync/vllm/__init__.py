@@ -2,6 +2,7 @@
 
     versions.py      LoraVersions: which LoRA ids serve, the update protocol as engine operations; drive()
     engine.py        VllmEngineSampler (offline ``vllm.LLM``), engine_settings, scoring helpers
+    engine_env.py    the environment variables an engine reads on GPU (memory share, fixed KV cache), parsed
     async_engine.py  AsyncVllmEngineSampler (``AsyncLLM``): swaps while requests run, deferred removal
     worker.py        LoraSyncWorkerExtension: ``worker_extension_cls``, reached by ``collective_rpc``
 

@@ -20,6 +20,7 @@ from typing import Any
 from skyrl_glm.quiet import ENGINE_LOG_ENV
 from skyrl_glm.sync.update import UpdateResult
 from skyrl_glm.sync.vllm.control import sender_key, signed
+from skyrl_glm.sync.vllm.engine_env import gpu_environment_settings
 from skyrl_glm.sync.vllm.versions import LoraVersions, Op, drive
 
 log = logging.getLogger(__name__)
@@ -52,36 +53,6 @@ def apply_engine_environment() -> None:
     sender_key()
 
 
-GPU_SHARE_ENV = "SKYRL_GLM_GPU_MEMORY_UTILIZATION"
-"""The share of GPU memory a sampler engine takes (vLLM's default 0.9 leaves room for one engine per GPU): set
-it to run several checks side by side on one GPU."""
-
-
-def _env_number(env: str, value: str, high: float, what: str) -> float:
-    """``value`` of environment variable ``env`` as a number in (0, high], else one ``ValueError`` naming both."""
-    try:
-        number = float(value)
-    except ValueError:
-        number = float("nan")
-    if not 0.0 < number <= high:
-        raise ValueError(f"{env}={value!r}: {what} in (0, {high:g}]")
-    return number
-
-
-def gpu_share(value: str) -> float:
-    return _env_number(GPU_SHARE_ENV, value, 1.0, "a share of GPU memory")
-
-
-KV_CACHE_ENV = "SKYRL_GLM_KV_CACHE_GIB"
-"""A fixed KV cache per sampler engine, in GiB, on GPU: vLLM then skips its memory profiling, which counts what
-other processes allocate or free meanwhile as its own (engines started side by side on one GPU, or beside SkyRL's
-colocated loop that sleeps and wakes its engine, failed it on one H200)."""
-
-
-def kv_cache_bytes(value: str) -> int:
-    return int(_env_number(KV_CACHE_ENV, value, 1024.0, "a KV cache size in GiB,") * 2**30)
-
-
 def engine_settings(engine: Mapping[str, Any], *, max_lora_rank: int = 16) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` or ``AsyncEngineArgs``: a checkpoint's serving arguments (``model`` and
     what :func:`~skyrl_glm.models.vllm_targets.vllm_engine_kwargs` gives for its family, or any vLLM argument)
@@ -103,10 +74,7 @@ def engine_settings(engine: Mapping[str, Any], *, max_lora_rank: int = 16) -> di
     if current_platform.is_cpu():
         settings["gpu_memory_utilization"] = 0.2  # on CPU it reserves host memory
     else:
-        if share := os.environ.get(GPU_SHARE_ENV):
-            settings["gpu_memory_utilization"] = gpu_share(share)
-        if kv := os.environ.get(KV_CACHE_ENV):
-            settings["kv_cache_memory_bytes"] = kv_cache_bytes(kv)
+        settings.update(gpu_environment_settings())
     return {**settings, **engine}
 
 
