@@ -7,6 +7,7 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,31 @@ def test_gpu_verify_refuses_a_bad_kv_cache_size_before_anything(tmp_path: Path) 
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "SKYRL_GLM_KV_CACHE_GIB='two'" in done.stderr
     assert not (tmp_path / "out").exists()  # nothing made or run
+
+
+def test_gpu_verify_variants_add_their_overrides(tmp_path: Path) -> None:
+    """``STEP@VARIANT@...`` adds each variant's overrides to the step's SkyRL run, which is kept under its own name;
+    an unknown variant is the step's error. A stand-in ``skyrl-glm`` on PATH prints the arguments it was given
+    (the plumbing is under test here, not SkyRL's loop)."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "skyrl-glm").write_text('#!/bin/sh\necho "args: $*"\n')
+    (bin_dir / "skyrl-glm").chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "GPU_BUDGET_S": "30", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-verify"), "train_glm53@noprefix@dense,train_glm45@nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert "train_glm53@noprefix@dense: exit 0 in " in done.stdout, done.stdout
+    assert "  train_glm45@nope: error: unknown variant nope" in done.stdout
+    with tarfile.open(out / "results.tar.gz") as tar:
+        log = tar.extractfile("logs/train_glm53@noprefix@dense.log").read().decode()  # type: ignore[union-attr]
+    assert "generator.inference_engine.enable_prefix_caching=false" in log
+    assert "target_modules=[q_a_proj," in log and "mlp.experts" not in log
+    assert f"trainer.log_path={out}/runs/train_glm53_noprefix_dense/logs" in log

@@ -67,6 +67,18 @@ def test_ipc_without_colocation_is_refused() -> None:
         load_config("tiny_gpu_grpo", ["trainer.placement.colocate_all=false", "skyrl_glm.sync.transport=ipc"])
 
 
+def test_disk_sync_of_routed_experts_is_refused() -> None:
+    """SkyRL 0.4.0's file sync hands vLLM PEFT's fused routed-expert tensors without is_3d_lora_weight: on one
+    H200 every load stopped in vLLM 0.30's fused_moe.py (assert isinstance(lora_a, list)). Refused before Ray;
+    without the routed experts the file sync runs (the comparison lanes of scripts/gpu-verify)."""
+    with pytest.raises(
+        ConfigError, match=r"skyrl_glm.sync.mode: disk .*\(mlp.experts.down_proj, mlp.experts.gate_up_proj\)"
+    ):
+        load_config("tiny_gpu_grpo", ["skyrl_glm.sync.mode=disk"])
+    dense = "trainer.policy.model.lora.target_modules=[q_a_proj,q_b_proj,kv_a_proj_with_mqa,o_proj]"
+    assert load_config("tiny_gpu_grpo", ["skyrl_glm.sync.mode=disk", dense]).skyrl_glm.sync.mode == "disk"
+
+
 def test_local_gpu_problem_names_what_is_missing() -> None:
     cfg = load_config("tiny_gpu_grpo")
     assert "no CUDA GPU is visible here" in (local_gpu_problem(cfg, False, 0) or "")

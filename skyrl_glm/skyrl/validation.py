@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from skyrl_glm.check.faults import NO_FAULT
+from skyrl_glm.lora.experts import routed_expert_targets
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.config import ConfigError, GlmSection, GlmTrainConfig, resolved_transport
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
@@ -57,6 +58,14 @@ def check_consistency(glm: GlmSection, trainer: TrainerConfig) -> None:
             "skyrl_glm.sync.transport: ipc maps the trainer's GPU memory into vLLM on the same GPU; set "
             "trainer.placement.colocate_all=true, or transport=auto (shared memory on one node, nccl across nodes)"
         )
+    if glm.sync.mode == "disk" and trainer.strategy == "fsdp" and lora and not glm.cpu:
+        routed = sorted(routed_expert_targets() & set(trainer.policy.model.lora.target_modules or ()))
+        if routed:  # measured on one H200: vLLM 0.30's fused_moe.py:386 assert isinstance(lora_a, list)
+            raise ConfigError(
+                f"skyrl_glm.sync.mode: disk loads PEFT's file, whose fused routed-expert tensors ({', '.join(routed)}) "
+                "vLLM 0.30 takes only with is_3d_lora_weight, which SkyRL 0.4.0 does not send; use mode=memory or "
+                "drop them from trainer.policy.model.lora.target_modules"
+            )
     if glm.sync.fault != NO_FAULT and glm.sync.mode != "memory":
         raise ConfigError(
             "skyrl_glm.sync.fault: faults are injected into the memory sync; set skyrl_glm.sync.mode=memory"
