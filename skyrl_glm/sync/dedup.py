@@ -14,8 +14,10 @@ every pass over the objects costs a cache miss each):
    duplicate's memory may come back from the exporter's allocator holding another value.
 3. **Values**, unless the exporter declares its sharing (``shared_storage``: Megatron-Bridge's
    ``share_expert_adapters`` hands out one storage under every expert name, so distinct storages are distinct
-   values). Each new object gets a *print*: its kind (exact shape id, dtype, size) and its checksum's two sums
-   (:func:`~skyrl_glm.sync.checksum.sums_at`, one launch per slice over an address table), mixed into one uint64.
+   values: a slice's fresh objects are sent in one bulk step, and as every storage is sent the reader counts no
+   bytes and reads a slice in one part). Each new object gets a *print*: its kind (exact shape id, dtype, size)
+   and its checksum's two sums (:func:`~skyrl_glm.sync.checksum.sums_at`, one launch per slice over an address
+   table), mixed into one uint64.
    An object whose print an earlier value has is checked against it by kind (numpy: equal sizes, so no read runs
    past a tensor), then proven byte-equal (:func:`~skyrl_glm.sync.compare.equal_at`, one launch per slice). A print
    never decides alone: on a failed proof the object is compared with every value of that print in turn. Equal
@@ -190,6 +192,7 @@ class StreamReader:
     stream with shared storage). With ``slice_bytes``, a part grows, doubling from one pair up to :data:`PART`, while
     the memory of the last one's tensors held at most a sixteenth of it, and halves when they held more: an
     exporter handing out a copy per name is read a few pairs at a time, about an eighth of a slice ahead at most.
+    Without ``slice_bytes`` (declared sharing) a part is as long as asked.
     A stream that renames or holds back pairs on the way (the Megatron sync's) subclasses :meth:`part`, so its
     pairs are read once."""
 
