@@ -45,8 +45,9 @@ class VllmNamedStream(StreamReader):
     Per-expert names pass through as they come. The unindexed ones follow at the end, rank-scale folded: on a
     per-expert checkpoint a ``(1, ...)`` shared side is shown under every expert's name as one view (SkyRL's
     converter clones it per expert); on a packed one ``_convert_moe_experts_lora_to_vllm`` rewrites the stacks.
-    Read in parts (:class:`~skyrl_glm.sync.dedup.StreamReader`, ``slice_bytes`` the dedup's), each part's names
-    tested as one text. ``prefolded``: the names whose rank scale is already folded."""
+    Read in parts (:class:`~skyrl_glm.sync.dedup.StreamReader`, ``slice_bytes`` the dedup's, None with declared
+    sharing), each part's names prefixed and tested as one text. ``prefolded``: the names whose rank scale is
+    already folded."""
 
     def __init__(
         self,
