@@ -162,3 +162,20 @@ def test_a_part_keeps_the_last_names_tensor_per_address(length):
     expected = dict(zip(map(torch.Tensor.data_ptr, tensors), tensors, strict=True))
     assert set(by_address) == set(expected)
     assert all(by_address[p] is t for p, t in expected.items())
+
+
+def test_declared_sharing_counts_no_bytes_and_sends_each_storage_in_stream_order(monkeypatch):
+    """Guards the declared (``shared_storage``) path: every fresh object of a slice is sent in one bulk step and the
+    reader counts no bytes (every storage is sent, so a slice holds nothing the result does not). A bulk step that
+    mixes up indices, order or views, or a reader that still counts, fails here: the result must equal the proven
+    (undeclared) one on a stream of distinct storages shown under many names, over several slices."""
+    g = torch.Generator().manual_seed(0)
+    storages = [torch.randn(4, 8, generator=g) for _ in range(300)] + [torch.randn(8, generator=g)]
+    stream = [(f"m.layers.{i % 7}.mlp.experts.{i}.w.lora_A.weight", storages[(i * 37) % 301]) for i in range(3 * SLICE)]
+    stream += [(f"v{i}", storages[i].view(32)) for i in range(3)]  # views: their own tensors, declared or not
+    proven = deduplicate(stream, slice_bytes=1 << 20)
+    monkeypatch.setattr(dedup.Part, "of", lambda *a: pytest.fail("declared sharing counted a part's bytes"))
+    declared = deduplicate(stream, shared_storage=True, slice_bytes=1 << 20)
+    assert declared.names == proven.names and list(declared.unique) == list(proven.unique)
+    assert all(declared.unique[n] is proven.unique[n] for n in proven.unique)
+    assert (declared.public_count, declared.public_bytes) == (proven.public_count, proven.public_bytes)

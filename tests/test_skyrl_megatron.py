@@ -280,3 +280,20 @@ def test_the_memory_probe_sees_a_full_gather() -> None:
     adapter."""
     m = memory(copies=False, gather=True)
     assert m["peak"] > 0.9 * m["public"] > 9 * m["unique"], m
+
+
+@pytest.mark.parametrize("shared_storage", [False, True])
+def test_a_name_holding_a_newline_keeps_its_tensor(shared_storage: bool) -> None:
+    """Guards the stream's renaming, done on a part's names joined as one text and split again: a name that holds a
+    newline would split into two and shift every later name onto another pair's tensor; such a part is renamed one
+    name at a time instead."""
+    g = torch.Generator().manual_seed(0)
+    names = ["model.layers.0.odd\nname.lora_A.weight"] + [
+        f"model.layers.{i}.mlp.down_proj.lora_A.weight" for i in range(4)
+    ]
+    tensors = [torch.randn(2, 3, generator=g) for _ in names]
+    dedup = megatron.unique_adapter(
+        zip(names, tensors, strict=True), config_rank=2, num_moe_experts=None, shared_storage=shared_storage
+    )
+    assert list(dedup.unique) == [PEFT_PREFIX + n for n in names]
+    assert all(torch.equal(dedup.unique[PEFT_PREFIX + n], t) for n, t in zip(names, tensors, strict=True))

@@ -45,8 +45,9 @@ class VllmNamedStream(StreamReader):
     Per-expert names pass through as they come. The unindexed ones follow at the end, rank-scale folded: on a
     per-expert checkpoint a ``(1, ...)`` shared side is shown under every expert's name as one view (SkyRL's
     converter clones it per expert); on a packed one ``_convert_moe_experts_lora_to_vllm`` rewrites the stacks.
-    Read in parts (:class:`~skyrl_glm.sync.dedup.StreamReader`, ``slice_bytes`` the dedup's), each part's names
-    tested as one text. ``prefolded``: the names whose rank scale is already folded."""
+    Read in parts (:class:`~skyrl_glm.sync.dedup.StreamReader`, ``slice_bytes`` the dedup's, None with declared
+    sharing), each part's names prefixed and tested as one text. ``prefolded``: the names whose rank scale is
+    already folded."""
 
     def __init__(
         self,
@@ -66,8 +67,10 @@ class VllmNamedStream(StreamReader):
 
     def part(self, at_most: int = PART) -> Part | None:
         while self.tail is None and (raw := super().part(at_most)) is not None:
-            names = list(map(PEFT_PREFIX.__add__, raw.names))
-            text = "\n".join(names)
+            text = PEFT_PREFIX + ("\n" + PEFT_PREFIX).join(raw.names)  # renamed as one text: fewer string copies
+            names = text.split("\n")
+            if len(names) != len(raw.names):  # a name holding a newline: renamed one by one
+                names = list(map(PEFT_PREFIX.__add__, raw.names))
             self.indexed = self.indexed or _INDEXED_EXPERTS.search(text) is not None
             if _UNINDEXED_EXPERTS.search(text) is None:
                 return Part(names, raw.tensors, raw.by_address)
@@ -123,7 +126,8 @@ def unique_adapter(
     the bridge's LoRA shares one adapter across a layer's experts (``share_expert_adapters``), so the export shows
     one storage under every expert name, as SkyRL's ``experts_per_shared_adapter`` hint assumes (exact either way:
     a wrong declaration only sends a duplicate)."""
-    stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=slice_bytes)
+    bound = None if shared_storage else slice_bytes  # declared sharing sends every storage: no bytes to count
+    stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=bound)
     with paused_gc():  # the stream's pairs are short-lived: a collection would only walk what the slices hold
         dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes)
     todo = {n: t for n, t in dedup.unique.items() if n not in stream.prefolded}

@@ -14,8 +14,10 @@ every pass over the objects costs a cache miss each):
    duplicate's memory may come back from the exporter's allocator holding another value.
 3. **Values**, unless the exporter declares its sharing (``shared_storage``: Megatron-Bridge's
    ``share_expert_adapters`` hands out one storage under every expert name, so distinct storages are distinct
-   values). Each new object gets a *print*: its kind (exact shape id, dtype, size) and its checksum's two sums
-   (:func:`~skyrl_glm.sync.checksum.sums_at`, one launch per slice over an address table), mixed into one uint64.
+   values: a slice's fresh objects are sent in one bulk step, and as every storage is sent the reader counts no
+   bytes and reads a slice in one part). Each new object gets a *print*: its kind (exact shape id, dtype, size)
+   and its checksum's two sums (:func:`~skyrl_glm.sync.checksum.sums_at`, one launch per slice over an address
+   table), mixed into one uint64.
    An object whose print an earlier value has is checked against it by kind (numpy: equal sizes, so no read runs
    past a tensor), then proven byte-equal (:func:`~skyrl_glm.sync.compare.equal_at`, one launch per slice). A print
    never decides alone: on a failed proof the object is compared with every value of that print in turn. Equal
@@ -190,6 +192,7 @@ class StreamReader:
     stream with shared storage). With ``slice_bytes``, a part grows, doubling from one pair up to :data:`PART`, while
     the memory of the last one's tensors held at most a sixteenth of it, and halves when they held more: an
     exporter handing out a copy per name is read a few pairs at a time, about an eighth of a slice ahead at most.
+    Without ``slice_bytes`` (declared sharing) a part is as long as asked.
     A stream that renames or holds back pairs on the way (the Megatron sync's) subclasses :meth:`part`, so its
     pairs are read once."""
 
@@ -234,7 +237,8 @@ def _take(reader: StreamReader, max_bytes: int | None) -> tuple[list[str], list[
 class _Deduper:
     def __init__(self, declared: bool, slice_bytes: int | None = None) -> None:
         self.declared = declared
-        self.slice_bytes = slice_bytes
+        # declared sharing sends every storage the stream shows: what a slice holds is kept anyway, nothing to bound
+        self.slice_bytes = None if declared else slice_bytes
         self.sent: list[torch.Tensor] = []
         self.kinds = np.zeros((0, 3), dtype=np.int64)  # per sent tensor, its kind (see ``_Slice.kind``); capacity grows
         self.kinds_seen = _Kinds()
@@ -248,17 +252,24 @@ class _Deduper:
         self.names: list[list[str]] = []  # per slice: its names
 
     def _new(self, t: torch.Tensor, kind: np.ndarray, view: np.ndarray, words: torch.Tensor | None = None) -> int:
-        i = len(self.sent)
-        words = t if words is None else words
-        self.sent.append(t)
-        if i == len(self.kinds):
-            self.kinds = np.concatenate([self.kinds, np.zeros((max(i, 64), 3), dtype=np.int64)])
-        self.kinds[i] = kind
-        self.words.append(words)
-        self.addrs.append(words.data_ptr())
-        self.at.setdefault(tuple(view.tolist()), i)
-        self.sent_ptrs.add(int(view[0]))
-        return i
+        return int(self._add((t,), kind[None], view[None], (t if words is None else words,))[0])
+
+    def _add(
+        self, objs: Sequence[torch.Tensor], kinds: np.ndarray, views: np.ndarray, words: Sequence[torch.Tensor]
+    ) -> np.ndarray:
+        """Send ``objs`` (``words``: their bytes as int32 words); returns their sent indices. In bulk: declared
+        sharing sends every fresh object of a slice at once."""
+        i, n = len(self.sent), len(objs)
+        self.sent += objs
+        if i + n > len(self.kinds):
+            self.kinds = np.concatenate([self.kinds, np.zeros((max(i, 64, n), 3), dtype=np.int64)])
+        self.kinds[i : i + n] = kinds
+        self.words += words
+        self.addrs += map(torch.Tensor.data_ptr, words)
+        for at, view in enumerate(map(tuple, views.tolist()), i):
+            self.at.setdefault(view, at)
+        self.sent_ptrs.update(views[:, 0].tolist())
+        return np.arange(i, i + n)
 
     def _by_view(self, sl: _Slice) -> tuple[np.ndarray, np.ndarray]:
         """``(ref, link)``: per object the sent index of the sent tensor whose view it shows (-1: none), and the
@@ -328,7 +339,8 @@ class _Deduper:
         ref, link = self._by_view(sl)
         fresh = np.flatnonzero((ref < 0) & (link == np.arange(len(sl.objs))))
         if self.declared:
-            ref[fresh] = [self._new(sl.objs[i], sl.kind[i], sl.views[i]) for i in fresh.tolist()]
+            objs = _pick(sl.objs, fresh)
+            ref[fresh] = self._add(objs, sl.kind[fresh], sl.views[fresh], objs)
         else:
             ref[fresh] = self._by_value(sl, fresh)
         ref = ref[link]  # views of an object of this slice: its value
@@ -377,6 +389,7 @@ def deduplicate(
     (Megatron-Bridge ``share_expert_adapters``), so distinct storages are distinct tensors and no value is
     compared. Without it, equality is proven. Exact either way: a wrong declaration only sends a duplicate.
     ``slice_bytes``: a slice also ends once its tensors' memory holds this many bytes, bounding the exporter's
-    duplicates held at once (an exporter of copies materialises every name: ~1 GB per 4,096 names on GLM-5.3).
+    duplicates held at once (an exporter of copies materialises every name: ~1 GB per 4,096 names on GLM-5.3);
+    ignored with ``shared_storage``, where every storage is sent (no byte is counted then).
     A :class:`StreamReader` is read as it is (its own ``slice_bytes`` sizes its parts)."""
     return _Deduper(shared_storage, slice_bytes).run(adapter.items() if isinstance(adapter, Mapping) else adapter)
