@@ -27,4 +27,19 @@ def test_vllm_skyrl_is_the_checks_vllm_sampler_with_skyrls_worker_extension(monk
         "model_dir": Path("/m"),
         "rank": 8,
         "skyrl_worker_extension": "skyrl_glm.skyrl.vllm_extension.SkyRLGlmWorkerExtension",
+        "engine": {"max_loras": 1},  # SkyRL's servers' default LoRA slots (the sampler is SkyRL's engine)
     }
+
+
+def test_skyrl_runs_start_their_engines_with_the_layouts_flags_alone() -> None:
+    """SkyRL 0.4.0 turns ``enable_mixed_moe_lora_format`` on for every LoRA engine; a skyrl-glm memory run sets
+    every layout flag itself (engine_init_kwargs win), so shared-outer is not also mixed (an engine the worker's
+    receiver refuses as ambiguous) and per-expert runs the engine the standalone check verified."""
+    from skyrl_glm.skyrl.experiment import layout_engine_flags
+    from skyrl_glm.sync.expert_layout import PER_EXPERT, SHARED_OUTER, layout_of
+
+    per_expert = layout_engine_flags(PER_EXPERT)
+    assert per_expert == {"enable_mixed_moe_lora_format": False, "enable_moe_shared_loras": False}
+    shared = layout_engine_flags(SHARED_OUTER)
+    assert shared == {"enable_mixed_moe_lora_format": False, "enable_moe_shared_loras": True}
+    assert layout_of({**{"enable_mixed_moe_lora_format": True}, **shared}) == SHARED_OUTER  # SkyRL's flag overridden

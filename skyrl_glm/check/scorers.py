@@ -7,7 +7,7 @@ heavy dependencies when called, so registering them costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +61,13 @@ def vllm_sampler(
     allow_unsupported: bool,
     skyrl_worker_extension: str | None = None,
     expert_layout: str = PER_EXPERT,
+    engine: Mapping[str, Any] | None = None,
 ) -> Any:
     """``skyrl_worker_extension``: the worker extension SkyRL runs load (SkyRL's worker wrap, whose vLLM patches
     change what LoRA the sampler applies, plus skyrl-glm's receiver), in place of skyrl-glm's alone; the SkyRL side
     hands it in (:func:`skyrl_glm.skyrl.plugin.vllm_skyrl_sampler`), so the check knows nothing of SkyRL's glue.
-    ``expert_layout``: the engine's routed-expert LoRA layout (:mod:`skyrl_glm.sync.expert_layout`)."""
+    ``expert_layout``: the engine's routed-expert LoRA layout (:mod:`skyrl_glm.sync.expert_layout`); ``engine``:
+    vLLM arguments that win over the sampler's defaults (the SkyRL side's server settings)."""
     from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
     from skyrl_glm.sync.vllm.engine import VllmEngineSampler
 
@@ -80,7 +82,8 @@ def vllm_sampler(
     )
     if skyrl_worker_extension is not None:
         kwargs["worker_extension_cls"] = skyrl_worker_extension
-    return VllmEngineSampler({**kwargs, "use_tqdm_on_load": False}, max_lora_rank=_engine_lora_rank(rank))
+    engine_kwargs = {**kwargs, **(engine or {}), "use_tqdm_on_load": False}
+    return VllmEngineSampler(engine_kwargs, max_lora_rank=_engine_lora_rank(rank))
 
 
 def require_vllm() -> None:

@@ -15,11 +15,15 @@ from skyrl_glm.plugins import Ref, hookimpl
 
 
 def vllm_skyrl_sampler(model_dir: Path, **kwargs: Any) -> Any:
-    """The check's vLLM sampler as SkyRL runs load it: SkyRL's worker wrap plus skyrl-glm's receiver."""
+    """The check's vLLM sampler as SkyRL runs load it: SkyRL's worker wrap plus skyrl-glm's receiver, and the LoRA
+    slots SkyRL's servers get by default (``trainer.policy.model.lora.max_loras``: one)."""
+    from skyrl.train.config.config import SkyRLLoraConfig
+
     from skyrl_glm.check.scorers import vllm_sampler
     from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
 
-    return vllm_sampler(model_dir, skyrl_worker_extension=WORKER_EXTENSION, **kwargs)
+    engine = {"max_loras": SkyRLLoraConfig.max_loras}
+    return vllm_sampler(model_dir, skyrl_worker_extension=WORKER_EXTENSION, engine=engine, **kwargs)
 
 
 @hookimpl
