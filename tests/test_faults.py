@@ -34,3 +34,32 @@ def test_an_empty_update_is_refused_by_the_receiver_not_the_plan():
     sampler = ToySampler(MODULE)
     result = InMemoryPublisher(sampler, SharedMemoryTransport()).publish({}, ToyTrainer(MODULE).lora_config, 1)
     assert (result.ok, result.reason, sampler.rx.version) == (False, "empty adapter: the update lists no tensors", None)
+
+
+class OffOnLongerSequences(ToyTrainer):
+    """A trainer whose scores are off past the prefill probes' prompt length only on the decode sequences (a
+    trainer-side mistake the decode path alone shows)."""
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        rows = super().score(sequences)
+        off = [len(s) < 32 for s in sequences]
+        return [[x + 0.2 if o and i >= 11 else x for i, x in enumerate(r)] for o, r in zip(off, rows, strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("fault", "trainer", "own_prefill_off"),
+    [(NO_FAULT, ToyTrainer, False), ("prefill-only", ToyTrainer, True), (NO_FAULT, OffOnLongerSequences, False)],
+)
+def test_a_decode_mismatch_says_which_side_it_is_on(fault, trainer, own_prefill_off):
+    """The decode diff carries the sampler's decode against its own prefill of the same tokens: large where the
+    sampler's decode path serves something else (prefill-only: decode keeps the first adapter), small where the
+    trainer is the one off."""
+    sampler = ToySampler(MODULE)
+    publisher, sampler_seen = inject(fault, InMemoryPublisher(sampler, SharedMemoryTransport()), sampler)
+    report = run_check(trainer(MODULE), sampler_seen, publisher, make_probes(V), CheckConfig())
+    step5 = report.steps[4] if len(report.steps) == 5 else report.first_failure
+    assert step5.decode is not None and step5.decode.own_prefill is not None, step5
+    assert (step5.decode.own_prefill.mean > 0.05) == own_prefill_off, step5.detail
+    assert report.passed == (fault == NO_FAULT and trainer is ToyTrainer), [(s.step, s.detail) for s in report.steps]
+    if not report.passed:
+        assert "its own prefill" in report.first_failure.detail, report.first_failure.detail

@@ -257,9 +257,13 @@ def test_a_broken_sync_aborts_at_the_first_check_with_the_report(runs: dict[str,
     tmp_path = runs["no-publish"].tmp
     proc, summary = runs["no-publish"].result()
     assert proc.returncode == 1, tail(proc)
-    assert summary is None  # stopped before training finished
+    assert summary is not None  # the stopped run's summary: what the check measured, every step's tokens
+    assert summary["steps"] == [] and not summary["check"]["passed"], summary
+    failed = summary["check"]["report"]["steps"][4]
+    assert failed["step"] == 5 and not failed["passed"] and failed["prefill"]["per_token"], failed
     assert "stopped by the handoff check" in proc.stderr, tail(proc)
     report = proc.stderr[proc.stderr.index("stopped by the handoff check") :]
     assert "five-step handoff check" in report and "FAIL at step 5 (agree again)" in report, report
     assert "Finished: 'step'" not in run_log(tmp_path)  # no training step ran
+    assert proc.stderr.splitlines()[-2].startswith("summary: "), tail(proc)
     assert proc.stderr.splitlines()[-1].startswith("full log: "), tail(proc)

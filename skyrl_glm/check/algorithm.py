@@ -82,9 +82,12 @@ class CheckConfig:
 
 @dataclass
 class Diff:
-    """|dlogp| per token between two scorings of the same tokens."""
+    """|dlogp| per token between two scorings of the same tokens. ``own_prefill``, on a decode diff: the sampler's
+    decode logprobs against its own prefill of the same tokens (where the decode path disagrees and this does not,
+    the trainer is off on those tokens; where this is large too, the sampler's decode path is)."""
 
     per_token: list[float]
+    own_prefill: Diff | None = None
 
     @classmethod
     def between(cls, a: list[list[float]], b: list[list[float]]) -> Diff:
@@ -111,7 +114,9 @@ class Diff:
     def describe(self, label: str) -> str:
         if self.nonfinite:
             return f"{label}: {self.nonfinite} of {len(self.per_token)} tokens have a non-finite logprob"
-        return f"{label} mean {self.mean:.4g} max {self.max:.4g}"
+        own = self.own_prefill
+        mine = f" (the sampler's decode vs its own prefill: mean {own.mean:.4g} max {own.max:.4g})" if own else ""
+        return f"{label} mean {self.mean:.4g} max {self.max:.4g}{mine}"
 
 
 @dataclass
@@ -147,11 +152,18 @@ def _minus(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
 
 
 def decode_diff(trainer: TrainerScorer, sampler: SamplerScorer, probes: Probes) -> Diff:
-    """Sampler's logprobs of its own greedy tokens vs the trainer's logprobs of the same tokens."""
+    """Sampler's logprobs of its own greedy tokens vs the trainer's logprobs of the same tokens; the sampler's
+    prefill of those sequences too (:attr:`Diff.own_prefill`: which side a decode mismatch is on)."""
     gens = sampler.generate(probes.prompts, probes.decode_tokens)
     full = [p + toks for p, (toks, _) in zip(probes.prompts, gens, strict=True)]
-    trainer_lp = [lp[-len(toks) :] for lp, (toks, _) in zip(trainer.score(full), gens, strict=True)]
-    return Diff.between(trainer_lp, [lps for _, lps in gens])
+    decoded = [lps for _, lps in gens]
+
+    def tails(scores: list[list[float]]) -> list[list[float]]:
+        return [lp[-len(toks) :] for lp, (toks, _) in zip(scores, gens, strict=True)]
+
+    diff = Diff.between(tails(trainer.score(full)), decoded)
+    diff.own_prefill = Diff.between(tails(sampler.score(full)), decoded)
+    return diff
 
 
 def judge_agreement(

@@ -14,7 +14,10 @@ from skyrl_glm.check.algorithm import CheckReport, Diff
 
 
 def _diff_json(d: Diff | None) -> dict[str, Any] | None:
-    return None if d is None else {"mean": d.mean, "max": d.max, "per_token": d.per_token}
+    if d is None:
+        return None
+    own = {"own_prefill": _diff_json(d.own_prefill)} if d.own_prefill is not None else {}
+    return {"mean": d.mean, "max": d.max, "per_token": d.per_token, **own}
 
 
 def to_dict(report: CheckReport) -> dict[str, Any]:

@@ -25,7 +25,12 @@ from skyrl_glm.sync.update import UpdateResult
 
 
 class HandoffCheckFailed(RuntimeError):
-    """The handoff check failed with ``skyrl_glm.check.on_failure=abort``; the message is the report."""
+    """The handoff check failed with ``skyrl_glm.check.on_failure=abort``; the message is the report, ``summary`` the
+    run's summary so far (its check record holds every step's per-token figures: a stopped run is written too)."""
+
+    def __init__(self, report: str, summary: Any = None) -> None:
+        super().__init__(report)
+        self.summary = summary  # an attribute: Ray's re-raised subclass carries the cause's attributes
 
 
 def _on_loop[T](loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:

@@ -253,6 +253,8 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
                     summary_file = report_summary(cfg.trainer.log_path, summary)
             except HandoffCheckFailed as e:  # Ray re-raises the task's exception as a subclass of it
                 stopped = e.args[0] if e.args else str(e)
+                if getattr(e, "summary", None) is not None:  # what the check measured, kept for the stopped run
+                    summary_file = report_summary(cfg.trainer.log_path, e.summary)
             except Exception:
                 log.exception("the run failed")  # the traceback, into the log file
                 raise
@@ -268,6 +270,8 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
         return usage.USAGE
     if stopped is not None or summary_file is None:
         print(f"skyrl-glm train: stopped by the handoff check:\n{stopped}", file=sys.stderr)
+        if summary_file is not None:
+            print(f"summary: {summary_file.resolve()}", file=sys.stderr)
         print(f"full log: {log_file}", file=sys.stderr)
         return usage.CHECK_FAILED
     if summary.steps:

@@ -259,7 +259,7 @@ class GlmPPOTrainer(RayPPOTrainer):
 
     def _failed(self, report: str) -> None:
         if self.cfg.skyrl_glm.check.on_failure == "abort":
-            raise HandoffCheckFailed(report)
+            raise HandoffCheckFailed(report, self.summary)
         log.warning("skyrl-glm %s (on_failure=warn: training goes on)", report)
 
 
