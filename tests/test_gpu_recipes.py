@@ -28,9 +28,11 @@ def test_gpu_recipe_is_colocated_bf16_memory_sync_over_ipc_checked_after_every_s
     assert cfg.trainer.policy.fsdp_config.mixed_precision.param_dtype == "bf16"
     assert cfg.generator.inference_engine.model_dtype == "bfloat16"
     assert cfg.trainer.max_training_steps >= 5
-    # routed experts included: skyrl-glm's FSDP worker moves the fused-expert names to PEFT's target_parameters
-    targets = cfg.trainer.policy.model.lora.target_modules
-    assert "o_proj" in targets and {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"} <= set(targets)
+    # tiny_gpu_grpo: routed experts included (skyrl-glm's FSDP worker moves the fused-expert names to PEFT's
+    # target_parameters); canary_gpu: without them (its recipe says why)
+    targets = set(cfg.trainer.policy.model.lora.target_modules)
+    routed = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}
+    assert "o_proj" in targets and (routed <= targets if name == "tiny_gpu_grpo" else not routed & targets)
     assert cfg.generator.inference_engine.engine_init_kwargs.get("lora_target_modules") is None
 
 
@@ -43,13 +45,17 @@ def test_canary_gpu_has_tiny_gpu_grpos_gpu_settings() -> None:
         "trainer.flash_attn",
         "trainer.remove_microbatch_padding",
         "trainer.logger",
-        "trainer.policy",
+        "trainer.policy.fsdp_config",
         "generator.inference_engine",
         "skyrl_glm",
     ):
         assert OmegaConf.select(canary, key) == OmegaConf.select(tiny, key), key
     built = load_config("canary_gpu")
     assert built.environment.env_class == "glm_canary" and built.generator.n_samples_per_prompt == 16
+    # the CPU canary's model; GLM-4.5's default targets without the routed experts (the recipe says why)
+    assert built.trainer.policy.model.path == "tiny:glm-4.5"
+    targets = set(built.trainer.policy.model.lora.target_modules)
+    assert {"q_proj", "o_proj", "gate_proj", "down_proj"} <= targets and not {t for t in targets if "experts" in t}
 
 
 def test_gpu_recipes_validate_and_dry_run_here(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,8 +3,8 @@
 
 - trainer: the policy workers' own forward through SkyRL's ``WorkerDispatch.forward`` (the live PEFT model, its
   LoRA included); LoRA B perturbed and restored by worker methods (:class:`~skyrl_glm.skyrl.worker_sync.GlmSyncMixin`);
-- sampler: SkyRL's inference client ``sample()`` against the served adapter (prompt logprobs for prefill, greedy
-  tokens and their logprobs for decode);
+- sampler: SkyRL's inference client against the served adapter: ``sample()`` for prefill (prompt logprobs),
+  ``generate()`` (the rollouts' path) for decode (greedy tokens and their logprobs);
 - publisher: the run's real weight sync (``save_weights_for_sampler``), whatever ``skyrl_glm.sync.mode`` is.
 
 The algorithm is synchronous and runs in a thread; the sampler and publisher hand their coroutines to the
@@ -120,8 +120,14 @@ class LiveSampler:
         return [list(a["prompt_logprobs"][1:]) for a in answers]
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
-        answers = self._all([self._sample(p, max_tokens, False) for p in prompts])
-        return [(list(a["sequences"][0]["tokens"]), list(a["sequences"][0]["logprobs"])) for a in answers]
+        """Greedy continuations through the client's ``generate``, the path SkyRL's rollouts take, with vLLM's own
+        sampling parameters: ``max_tokens`` tokens each, past any end-of-sequence token (as the offline sampler),
+        so the decode figures always average over every prompt's tokens (on tiny GLM-5.3 greedy decoding ended
+        after about 2 tokens, and one token's bf16 gap of 0.48 then moved the mean of 8 over the bound)."""
+        params = {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": 0, "ignore_eos": True}
+        batch = {"prompt_token_ids": prompts, "sampling_params": params}
+        out = _on_loop(self.loop, self.client.generate(batch, model=self.model))
+        return [(list(t), list(lp)) for t, lp in zip(out["response_ids"], out["response_logprobs"], strict=True)]
 
 
 class LivePublisher:
