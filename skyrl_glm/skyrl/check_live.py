@@ -122,8 +122,7 @@ class LiveSampler:
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
         """Greedy continuations through the client's ``generate``, the path SkyRL's rollouts take, with vLLM's own
         sampling parameters: ``max_tokens`` tokens each, past any end-of-sequence token (as the offline sampler),
-        so the decode figures always average over every prompt's tokens (on tiny GLM-5.3 greedy decoding ended
-        after about 2 tokens, and one token's bf16 gap of 0.48 then moved the mean of 8 over the bound)."""
+        so the decode figures always average over every prompt's tokens."""
         params = {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": 0, "ignore_eos": True}
         batch = {"prompt_token_ids": prompts, "sampling_params": params}
         out = _on_loop(self.loop, self.client.generate(batch, model=self.model))

@@ -28,6 +28,7 @@ from skyrl.train.config import (
 
 from skyrl_glm.check.algorithm import MAX_SCALE, MAX_TOLERANCE, CheckConfig
 from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
+from skyrl_glm.check.probes import DECODE_TOKENS, NUM_PROBES, PROBE_LENGTH, PROMPT_LENGTH
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
@@ -112,10 +113,10 @@ class CheckSection:
     """After every N-th training sync, an agree check (steps 1 and 5 only) on fresh probes; 0 turns it off."""
     on_failure: Literal["abort", "warn"] = "abort"
     """``abort``: stop training with the report and a non-zero exit; ``warn``: log the report and go on."""
-    num_probes: int = 2
-    probe_length: int = 24
-    prompt_length: int = 8
-    decode_tokens: int = 4
+    num_probes: int = NUM_PROBES
+    probe_length: int = PROBE_LENGTH
+    prompt_length: int = PROMPT_LENGTH
+    decode_tokens: int = DECODE_TOKENS
     # The check's own settings, with the defaults of the one record the CLI and the library use (CheckConfig).
     seed: int = CheckConfig.seed
     mean_tol: float = CheckConfig.mean_tol
