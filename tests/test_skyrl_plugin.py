@@ -35,11 +35,10 @@ def test_skyrl_runs_start_their_engines_with_the_layouts_flags_alone() -> None:
     """SkyRL 0.4.0 turns ``enable_mixed_moe_lora_format`` on for every LoRA engine; a skyrl-glm memory run sets
     every layout flag itself (engine_init_kwargs win), so shared-outer is not also mixed (an engine the worker's
     receiver refuses as ambiguous) and per-expert runs the engine the standalone check verified."""
-    from skyrl_glm.skyrl.experiment import layout_engine_flags
-    from skyrl_glm.sync.expert_layout import PER_EXPERT, SHARED_OUTER, layout_of
+    from skyrl_glm.sync.expert_layout import PER_EXPERT, SHARED_OUTER, engine_arguments, layout_of
 
-    per_expert = layout_engine_flags(PER_EXPERT)
+    per_expert = engine_arguments(PER_EXPERT)
     assert per_expert == {"enable_mixed_moe_lora_format": False, "enable_moe_shared_loras": False}
-    shared = layout_engine_flags(SHARED_OUTER)
+    shared = engine_arguments(SHARED_OUTER)
     assert shared == {"enable_mixed_moe_lora_format": False, "enable_moe_shared_loras": True}
     assert layout_of({**{"enable_mixed_moe_lora_format": True}, **shared}) == SHARED_OUTER  # SkyRL's flag overridden

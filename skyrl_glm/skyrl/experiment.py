@@ -18,7 +18,7 @@ from skyrl_glm.skyrl.step_log import StepMetrics
 from skyrl_glm.skyrl.summary import RunSummary
 from skyrl_glm.skyrl.trainer import GlmPPOTrainer
 from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
-from skyrl_glm.sync.expert_layout import ENGINE_FLAGS, engine_arguments
+from skyrl_glm.sync.expert_layout import engine_arguments
 
 if TYPE_CHECKING:
     from skyrl_glm.skyrl.config import GlmTrainConfig
@@ -33,16 +33,6 @@ def _router_args_compat() -> None:
         return
     if not hasattr(RouterArgs, "pd_disaggregation"):
         RouterArgs.pd_disaggregation = False
-
-
-def layout_engine_flags(layout: str) -> dict[str, bool]:
-    """Every expert-layout flag of SkyRL's engines, on for ``layout`` and off otherwise (an engine_init_kwargs
-    value is set after SkyRL's own arguments). SkyRL 0.4.0 turns ``enable_mixed_moe_lora_format`` on for every LoRA
-    engine (for Megatron's per-expert export on fused-expert checkpoints, which the GLM models are not in vLLM);
-    with it and ``enable_moe_shared_loras`` both on the layout is ambiguous, and with it alone the engine is not the
-    one the check verified per expert: off, the engines are exactly those the standalone check runs."""
-    on = engine_arguments(layout)
-    return {flag: bool(on.get(flag)) for flag in ENGINE_FLAGS.values()}
 
 
 DISK_LORA_WARNING = "saves LoRA adapters to disk"
@@ -63,7 +53,7 @@ class GlmPPOExp(BasePPOExp):
         if cfg.skyrl_glm.sync.mode == "memory":
             engine = cfg.generator.inference_engine.engine_init_kwargs
             engine.setdefault("worker_extension_cls", WORKER_EXTENSION)
-            for key, value in layout_engine_flags(cfg.skyrl_glm.sync.expert_layout).items():  # fixed at engine start
+            for key, value in engine_arguments(cfg.skyrl_glm.sync.expert_layout).items():  # fixed at engine start
                 engine.setdefault(key, value)
             logging.getLogger(_SKYRL_SERVER_ARGS_LOGGER).addFilter(_NoDiskLoraWarning())
         _router_args_compat()

@@ -59,11 +59,12 @@ class LayoutError(ValueError):
 
 
 def engine_arguments(layout: str) -> dict[str, bool]:
-    """The vLLM engine arguments that start an engine in ``layout``."""
+    """The vLLM engine arguments that start an engine in ``layout``: every layout flag, on for ``layout`` and off
+    otherwise, so they win over a default set elsewhere (SkyRL 0.4.0 turns ``enable_mixed_moe_lora_format`` on for
+    every LoRA engine, which beside ``enable_moe_shared_loras`` would make the layout ambiguous)."""
     if layout not in LAYOUTS:
         raise LayoutError(f"unknown expert layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-    flag = ENGINE_FLAGS.get(layout)
-    return {flag: True} if flag else {}
+    return {flag: flag_layout == layout for flag_layout, flag in ENGINE_FLAGS.items()}
 
 
 def layout_of(settings: Mapping[str, Any] | Any, *, loads_3d: bool = True) -> str:
