@@ -106,12 +106,12 @@ def full_width_model(directory: Path, layers: int) -> Path:
 
 
 def publish_to_first_request(
-    sampler: Any, publisher: Any, adapter: Any, config: dict[str, Any], version: int
-) -> tuple[Any, float, float, float]:
+    sampler: Any, publisher: Any, adapter: Any, config: dict[str, Any], version: int, *, repeat: bool = True
+) -> tuple[Any, float, float, float | None]:
     """One update on a GPU engine, timed to the end of the first request served on it: ``(result, seconds to the
-    end of the publish, seconds to the end of that request, seconds of the same request again)``. The repeat runs
-    on the adapter already active, so the first request's extra over it is what the new version cost to activate
-    (vLLM copies a new LoRA into its slots on first use); a rejected update raises."""
+    end of the publish, seconds to the end of that request, seconds of the same request again)``. The repeat
+    (``repeat``; else None) runs on the adapter already active, so the first request's extra over it is what the new
+    version cost to activate (vLLM copies a new LoRA into its slots on first use); a rejected update raises."""
     import torch
     from vllm import SamplingParams
 
@@ -125,6 +125,8 @@ def publish_to_first_request(
     t1 = time.perf_counter()
     sampler.llm.generate(prompt, first, lora_request=sampler.adapter, use_tqdm=False)
     t2 = time.perf_counter()
+    if not repeat:
+        return result, t1 - t0, t2 - t0, None
     sampler.llm.generate(prompt, first, lora_request=sampler.adapter, use_tqdm=False)
     return result, t1 - t0, t2 - t0, time.perf_counter() - t2
 
@@ -167,7 +169,9 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
             for _ in range(warmup + rounds):
                 for path, publisher in publishers.items():
                     version += 1
-                    result, _, to_first, _ = publish_to_first_request(sampler, publisher, adapter, config, version)
+                    result, _, to_first, _ = publish_to_first_request(
+                        sampler, publisher, adapter, config, version, repeat=False
+                    )
                     t = result.timings
                     row = _memory_row(t) if path == "memory" else {k: t[k] for k in STAGES["disk"]}
                     row["first_request_s"] = to_first
