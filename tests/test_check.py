@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from background import Background
 
 from skyrl_glm.check.algorithm import CheckConfig, run_check
 from skyrl_glm.check.faults import EXPECTED_FAILURE, FaultNotApplicable, inject
@@ -196,32 +195,11 @@ def test_noise_is_seeded_by_tensor_name(glm45_dir):
             assert torch.equal(pa, pb) and torch.count_nonzero(pa)
 
 
-@dataclass
-class Cli:
-    """``skyrl-glm ARGS`` started in the background, its output going to files in ``tmp``."""
-
-    tmp: Path
-    cmd: list[str]
-    proc: subprocess.Popen
-
-    def result(self) -> subprocess.CompletedProcess:
-        try:
-            code = self.proc.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-        out, err = ((self.tmp / name).read_text() for name in ("stdout.txt", "stderr.txt"))
-        return subprocess.CompletedProcess(self.cmd, code, out, err)
-
-
-def _start_cli(tmp: Path, *args: str) -> Cli:
+def _start_cli(tmp: Path, *args: str) -> Background:
     env = {**os.environ, "SKYRL_GLM_CACHE": str(tmp / "cache")}
     for name in ("VLLM_LOGGING_LEVEL", "LOGURU_LEVEL", "TRANSFORMERS_VERBOSITY"):
         env.pop(name, None)
-    cmd = [sys.executable, "-m", "skyrl_glm.cli", *args]
-    with (tmp / "stdout.txt").open("w") as out, (tmp / "stderr.txt").open("w") as err:
-        return Cli(tmp, cmd, subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env))
+    return Background.start(tmp, [sys.executable, "-m", "skyrl_glm.cli", *args], env=env)
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +254,7 @@ def test_check_runs_on_any_glm_checkpoint_dir(tmp_path):
 def test_cli_main_command_passes_quietly_and_writes_reports(cli_checks):
     cli = cli_checks["quiet"]
     out, png = cli.tmp / "reports" / "r.json", cli.tmp / "reports" / "r.png"
-    proc = cli.result()
+    proc = cli.wait(timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     report = json.loads(out.read_text())
@@ -295,7 +273,7 @@ def test_cli_main_command_passes_quietly_and_writes_reports(cli_checks):
 def test_cli_no_publish_exits_1_naming_step_5_and_verbose_shows_vllm(cli_checks):
     cli = cli_checks["no-publish"]
     out = cli.tmp / "r.json"
-    proc = cli.result()
+    proc = cli.wait(timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert json.loads(out.read_text())["failed_step"] == 5
     assert "FAIL at step 5" in proc.stdout.replace("\n", " ")

@@ -18,11 +18,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from background import Background
 
 from skyrl_glm.quiet import QUIET
 
@@ -46,25 +46,13 @@ CLI = ("-m", "skyrl_glm.cli", "train")
 SKYRL_MAIN = ("-m", "skyrl.train.entrypoints.main_base", "trainer.override_entrypoint=skyrl_glm.train")
 
 
-@dataclass
-class Run:
-    tmp: Path
-    cmd: list[str]
-    proc: subprocess.Popen[str]
-
+class Run(Background):
     def result(self) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
         """Waits for the run: its exit, output and summary (None when it wrote none)."""
-        try:
-            # ~100 s alone on a quiet 2-core machine; the three together, or a loaded machine, take longer
-            code = self.proc.wait(timeout=1500)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-        out, err = ((self.tmp / name).read_text() for name in ("stdout.txt", "stderr.txt"))
+        # ~100 s alone on a quiet 2-core machine; the three together, or a loaded machine, take longer
+        done = self.wait(timeout=1500)
         summary_file = self.tmp / "log_path" / "skyrl_glm_summary.json"
-        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
-        return subprocess.CompletedProcess(self.cmd, code, out, err), summary
+        return done, json.loads(summary_file.read_text()) if summary_file.is_file() else None
 
 
 def start(tmp: Path, cache: Path, *overrides: str, door: tuple[str, ...] = CLI, recipe: str = RECIPE) -> Run:
@@ -75,10 +63,7 @@ def start(tmp: Path, cache: Path, *overrides: str, door: tuple[str, ...] = CLI, 
     # imports vLLM and SkyRL's patches before skyrl_glm.train can set them. These runs used to inherit them from an
     # in-process `skyrl-glm report` of an earlier test; started together, no such test has run yet.
     env = {**QUIET, **os.environ, "PYTHONPATH": str(ROOT), "SKYRL_GLM_CACHE": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [sys.executable, *door, recipe, *args]
-    with (tmp / "stdout.txt").open("w") as out, (tmp / "stderr.txt").open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=ROOT, env=env)
-    return Run(tmp, cmd, proc)
+    return Run.start(tmp, [sys.executable, *door, recipe, *args], cwd=ROOT, env=env)
 
 
 def tail(proc: subprocess.CompletedProcess[str]) -> str:
