@@ -15,8 +15,9 @@ activates it: a memset, left out of the slope.)
 LoRA-slot memory is read from the engine: the bytes of the slot tensors vLLM allocated at start for ``max_loras``
 adapters (:class:`SlotReport`, read-only), per resident adapter, routed experts apart; at 75 layers each part is
 scaled by its layer count (every layer's slots have one shape). ``--sync-json`` (a ``bench sync --exporter
-bridge-stream`` report of the full model) adds the end-to-end rows: the sync plus load and activation at 75
-layers, ours (each layout) against SkyRL 0.4.0's memory path (its per-expert names through the same loader). The
+bridge-stream`` report of the full model) adds the end-to-end rows at 75 layers: ours (each layout) is the sync's
+sender side plus the layout's engine-side receive, load and activation, against SkyRL 0.4.0's memory path (its whole
+sync, then its per-expert names through the same loader). The
 request itself is left out: on a few-layer engine it is tens of ms of fixed work whose spread exceeds its slope
 (measured on one H200), so its fit says nothing of a 75-layer forward, which every request pays anyway.
 """
@@ -201,26 +202,39 @@ def run_layout_bench(
     return report
 
 
+# The stages of a ``bench sync`` run that happen on the receiver (its own process there, rebuilding per-expert
+# names): in the handoff each layout's engine-side receive (``receive_s``, fitted at 75 layers) stands in for them.
+SYNC_RECEIVER_STAGES = ("transfer", "verify", "rebuild")
+
+
 def end_to_end(report: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
-    """The sync (a ``bench sync`` report at full size) plus load and activation at 75 layers (fitted): ours in
-    each layout that ran, SkyRL 0.4.0's memory path with its per-expert names."""
+    """The handoff at 75 layers: ours in each layout that ran is the sync's sender side (a ``bench sync`` report at
+    full size, less its receiver's stages), the layout's engine-side receive, load and activation (fitted); SkyRL
+    0.4.0's memory path is its whole sync plus the per-expert load and activation (its receiver is its own)."""
     paths = sync["paths"]
 
-    def after_sync(layout: str) -> float | None:
-        fit = report["layouts"].get(layout, {}).get("fit_75")
-        return fit["load_s"]["value"] + fit["activation_s"]["value"] if fit else None
+    def fit(layout: str, stage: str) -> float | None:
+        at = report["layouts"].get(layout, {}).get("fit_75")
+        return at[stage]["value"] if at else None
 
+    ours = paths["ours"]
+    sender = ours["total_s"] - sum(ours["stages_s"].get(k) or 0.0 for k in SYNC_RECEIVER_STAGES)
     rows = {}
     for layout in report["layouts"]:
-        if (rest := after_sync(layout)) is not None:
-            rows[f"skyrl-glm, {layout}"] = {"sync_s": paths["ours"]["total_s"], "load_and_activation_s": rest}
-    if (rest := after_sync("per-expert")) is not None and "skyrl" in paths:
+        if (load := fit(layout, "load_s")) is not None:
+            rows[f"skyrl-glm, {layout}"] = {
+                "sync_sender_s": sender,
+                "receive_s": fit(layout, "receive_s"),
+                "load_and_activation_s": load + fit(layout, "activation_s"),
+            }
+    if (load := fit("per-expert", "load_s")) is not None and "skyrl" in paths:
         rows["SkyRL 0.4.0 memory path, per-expert"] = {
-            "sync_s": paths["skyrl"]["total_s"],
-            "load_and_activation_s": rest,
+            "sync_sender_s": paths["skyrl"]["total_s"],
+            "receive_s": None,  # inside its sync
+            "load_and_activation_s": load + fit("per-expert", "activation_s"),
         }
     for row in rows.values():
-        row["total_s"] = row["sync_s"] + row["load_and_activation_s"]
+        row["total_s"] = row["sync_sender_s"] + (row["receive_s"] or 0.0) + row["load_and_activation_s"]
     return {"sync_command": sync.get("command"), "sync_commit": sync.get("commit"), "rows": rows}
 
 
@@ -262,11 +276,12 @@ def print_layout_report(report: dict[str, Any]) -> None:
             )
     console.print(mem)
     if "end_to_end_75" in report:
-        e2e = Table(title="handoff at full GLM-5.3 (75 MoE layers): sync + load + activation on the first request")
-        for col in ("path", "sync", "load + activation", "total"):
+        e2e = Table(title="handoff at full GLM-5.3 (75 MoE layers): sync + receive + load + activation")
+        for col in ("path", "sync (sender)", "receive (engine)", "load + activation", "total"):
             e2e.add_column(col, justify="right")
+        keys = ("sync_sender_s", "receive_s", "load_and_activation_s", "total_s")
         for path, row in report["end_to_end_75"]["rows"].items():
-            e2e.add_row(path, *(f"{row[k] * 1e3:.0f} ms" for k in ("sync_s", "load_and_activation_s", "total_s")))
+            e2e.add_row(path, *("in sync" if row[k] is None else f"{row[k] * 1e3:.0f} ms" for k in keys))
         console.print(e2e)
 
 
