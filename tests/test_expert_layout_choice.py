@@ -29,7 +29,9 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> 
 def test_nothing_changes_for_a_user_who_sets_nothing() -> None:
     family = registry().model("glm-4.5")
     kwargs = vllm_engine_kwargs(family, "/m", lora_targets=family.lora.resolve(sampler="vllm"), device="cuda")
-    assert not set(layouts.ENGINE_FLAGS.values()) & set(kwargs)
+    assert {flag: kwargs[flag] for flag in layouts.ENGINE_FLAGS.values()} == dict.fromkeys(
+        layouts.ENGINE_FLAGS.values(), False
+    )
     for recipe in (TINY, GLM53):
         assert load_config(recipe).skyrl_glm.sync.expert_layout == layouts.PER_EXPERT
 
