@@ -41,7 +41,7 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -66,11 +66,29 @@ class Dedup:
     explicit: dict[str, str]  # ... and the others, ``{public: sent}``
     public_count: int
     public_bytes: int
+    prefix: str = ""  # every name of ``grouped`` shows under ``prefix + name`` (added per rule, not per name)
 
     @property
     def names(self) -> dict[str, list[str]]:
         """Sent name -> its public names, the sent name first (tests, small adapters)."""
-        return {self.grouped[s]: list(self.grouped[s:e]) for s, e in zip([0, *self.ends], self.ends, strict=False)}
+        grouped = [self.prefix + n for n in self.grouped]
+        return {grouped[s]: grouped[s:e] for s, e in zip([0, *self.ends], self.ends, strict=False)}
+
+    def prefixed(self, prefix: str) -> Dedup:
+        """This result with every public name under ``prefix`` (a stream's renaming, done on the few rules, not on
+        every name): a run's names prefixed are the prefixed run's, and equal names stay equal, distinct ones
+        distinct."""
+        rename = prefix.__add__
+        return Dedup(
+            unique=dict(zip(map(rename, self.unique), self.unique.values(), strict=True)),
+            grouped=self.grouped,
+            ends=self.ends,
+            runs=[replace(r, head=prefix + r.head, sent=prefix + r.sent) for r in self.runs],
+            explicit={prefix + p: prefix + sent for p, sent in self.explicit.items()},
+            public_count=self.public_count,
+            public_bytes=self.public_bytes,
+            prefix=prefix + self.prefix,
+        )
 
     @property
     def aliases(self) -> dict[str, str]:
