@@ -41,7 +41,7 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -83,7 +83,7 @@ class Dedup:
             unique=dict(zip(map(rename, self.unique), self.unique.values(), strict=True)),
             grouped=self.grouped,
             ends=self.ends,
-            runs=[replace(r, head=prefix + r.head, sent=prefix + r.sent) for r in self.runs],
+            runs=[AliasRun(prefix + r.head, r.start, r.stop, r.tail, prefix + r.sent) for r in self.runs],
             explicit={prefix + p: prefix + sent for p, sent in self.explicit.items()},
             public_count=self.public_count,
             public_bytes=self.public_bytes,
