@@ -236,3 +236,16 @@ def test_a_wrong_declaration_sends_a_duplicate_and_keeps_every_name_exact():
     assert len(d.unique) == 2 and [(r.start, r.stop) for r in d.runs] == [(0, 4), (4, 8)]
     assert all(torch.equal(d.unique[s], t) for s, t in zip(d.unique, (a, a), strict=True))
     assert _rebuilt(d) == {n: d.runs[e >= 4].sent for e, (n, _) in enumerate(stream)}
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_prefix_on_the_rules_equals_a_prefix_on_every_name(declared):
+    """The Megatron stream renames its result (``Dedup.prefixed``), not each name: it must equal the dedup of the
+    renamed stream, runs, explicit aliases and names alike."""
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    stream = _expert_stream([(a, range(5)), (b, range(5, 6)), (a, range(6, 9))]) + [("m.odd", b), ("m.7x", a)]
+    prefix = "base_model.model."
+    renamed = deduplicate(stream, shared_storage=declared).prefixed(prefix)
+    direct = deduplicate([(prefix + n, t) for n, t in stream], shared_storage=declared)
+    assert (renamed.runs, renamed.explicit, renamed.names) == (direct.runs, direct.explicit, direct.names)
+    assert list(renamed.unique) == list(direct.unique) and renamed.public_bytes == direct.public_bytes
