@@ -23,14 +23,13 @@ every pass over the objects costs a cache miss each):
    never decides alone: on a failed proof the object is compared with every value of that print in turn. Equal
    bytes, shape and dtype are one value wherever they occur (the zero-initialised ``lora_B`` of every layer, say);
    duplicates are released after their slice, so sender memory stays near the unique adapter.
-
-Sent tensors are in stream order of first appearance (a value told apart only after a fingerprint collision comes
-after its slice's other new values); each sent tensor's names keep stream order, the first is its sent name.
-
 4. **Rules.** The names, grouped per sent tensor by one stable sort, become the manifest's alias rules in one pass
    over their joined text (:func:`~skyrl_glm.sync.aliases.cover`: expert-index runs, the rest explicit), and no
    name may repeat, checked on the rules (a run's names differ by construction): runs that overlap or a name left
    out of the runs that a run names too. Only a suspicion walks every name, for the first repeat.
+
+Sent tensors are in stream order of first appearance (a value told apart only after a fingerprint collision comes
+after its slice's other new values); each sent tensor's names keep stream order, the first is its sent name.
 """
 
 from __future__ import annotations
