@@ -179,3 +179,73 @@ def test_declared_sharing_counts_no_bytes_and_sends_each_storage_in_stream_order
     assert declared.names == proven.names and list(declared.unique) == list(proven.unique)
     assert all(declared.unique[n] is proven.unique[n] for n in proven.unique)
     assert (declared.public_count, declared.public_bytes) == (proven.public_count, proven.public_bytes)
+
+
+E = "m.layers.3.mlp.experts."
+
+
+def _expert_stream(spans: list[tuple[torch.Tensor, range]], tail: str = ".gate_proj.lora_A.weight") -> list:
+    return [(f"{E}{e}{tail}", t) for t, experts in spans for e in experts]
+
+
+def _rebuilt(d: dedup.Dedup) -> dict[str, str]:
+    """Public name -> sent name, as the receiver expands the rules."""
+    out = {sent: sent for sent in d.unique}
+    out.update(d.explicit)
+    for run in d.runs:
+        out.update(dict.fromkeys(run.names(), run.sent))
+    return out
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_runs_interrupted_by_another_tensor_rebuild_every_name(declared):
+    """Expert 8 shows another storage: its tensor's runs stop there and go on after, the rules name every public
+    name exactly once and under its own tensor."""
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    stream = _expert_stream([(a, range(8)), (b, range(8, 9)), (a, range(9, 16))])
+    d = deduplicate(stream, shared_storage=declared)
+    sent = {n: next(s for s, t in d.unique.items() if t is x) for n, x in stream}
+    assert _rebuilt(d) == sent
+    assert [(r.start, r.stop) for r in d.runs] == [(0, 8), (9, 16)]
+    assert d.explicit == {} and d.public_count == len(stream)
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [(0, range(6)), (1, range(3, 9))],  # two runs of two tensors overlap at experts 3..5
+        [(0, range(6)), (1, range(2, 3))],  # a run's name again, alone, under another tensor
+        [(0, range(6)), (0, range(4, 5))],  # ... under its own tensor
+    ],
+)
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_name_repeated_inside_alias_runs_is_refused(spans, declared):
+    """The repeat check works on the rules, not on every name: a repeat hidden in a run is still found."""
+    pool = [torch.randn(4, 8), torch.randn(4, 8)]
+    stream = _expert_stream([(pool[k], experts) for k, experts in spans])
+    first = spans[1][1][0]
+    with pytest.raises(ValueError, match=rf"repeats the name '{E}{first}\.gate_proj"):
+        deduplicate(stream, shared_storage=declared)
+
+
+def test_a_wrong_declaration_sends_a_duplicate_and_keeps_every_name_exact():
+    """Two storages holding one value, declared as distinct: both are sent, each under its own names' runs."""
+    a = torch.randn(4, 8)
+    stream = _expert_stream([(a, range(4)), (a.clone(), range(4, 8))])
+    d = deduplicate(stream, shared_storage=True)
+    assert len(d.unique) == 2 and [(r.start, r.stop) for r in d.runs] == [(0, 4), (4, 8)]
+    assert all(torch.equal(d.unique[s], t) for s, t in zip(d.unique, (a, a), strict=True))
+    assert _rebuilt(d) == {n: d.runs[e >= 4].sent for e, (n, _) in enumerate(stream)}
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_prefix_on_the_rules_equals_a_prefix_on_every_name(declared):
+    """The Megatron stream renames its result (``Dedup.prefixed``), not each name: it must equal the dedup of the
+    renamed stream, runs, explicit aliases and names alike."""
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    stream = _expert_stream([(a, range(5)), (b, range(5, 6)), (a, range(6, 9))]) + [("m.odd", b), ("m.7x", a)]
+    prefix = "base_model.model."
+    renamed = deduplicate(stream, shared_storage=declared).prefixed(prefix)
+    direct = deduplicate([(prefix + n, t) for n, t in stream], shared_storage=declared)
+    assert (renamed.runs, renamed.explicit, renamed.names) == (direct.runs, direct.explicit, direct.names)
+    assert list(renamed.unique) == list(direct.unique) and renamed.public_bytes == direct.public_bytes

@@ -284,9 +284,9 @@ def test_the_memory_probe_sees_a_full_gather() -> None:
 
 @pytest.mark.parametrize("shared_storage", [False, True])
 def test_a_name_holding_a_newline_keeps_its_tensor(shared_storage: bool) -> None:
-    """Guards the stream's renaming, done on a part's names joined as one text and split again: a name that holds a
-    newline would split into two and shift every later name onto another pair's tensor; such a part is renamed one
-    name at a time instead."""
+    """Guards the texts the names are joined into (the stream's tests, the alias rules): a name that holds a
+    newline reads as two lines there, and must neither shift a later name onto another pair's tensor nor enter a
+    run; it is sent under its own PEFT name."""
     g = torch.Generator().manual_seed(0)
     names = ["model.layers.0.odd\nname.lora_A.weight"] + [
         f"model.layers.{i}.mlp.down_proj.lora_A.weight" for i in range(4)

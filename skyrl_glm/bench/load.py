@@ -40,7 +40,7 @@ STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("writ
 
 
 def _memory_row(t: dict[str, float]) -> dict[str, float]:
-    plan = sum(t.get(k, 0.0) for k in ("dedup_s", "alias_s", "pack_s", "fold_s", "checksum_s", "manifest_s"))
+    plan = sum(t.get(k, 0.0) for k in ("dedup_s", "pack_s", "fold_s", "checksum_s", "manifest_s"))
     return {"plan_s": plan, "receive_s": t["receive_rpc_s"], "load_s": t["load_s"], "total_s": t["total_s"]}
 
 

@@ -58,7 +58,7 @@ def _combine(path: str, info: dict[str, Any], answer: dict[str, Any]) -> dict[st
         "export": s.get("export_s"),  # bridge-stream: the exporter's own time, on the device
         "fold": s.get("fold_s"),
         # ours: exact dedup + its alias runs + the manifest that carries them
-        "dedup": s.get("dedup_s", 0.0) + s.get("alias_s", 0.0) + s.get("manifest_s", 0.0),
+        "dedup": s.get("dedup_s", 0.0) + s.get("manifest_s", 0.0),
         "checksum": s.get("checksum_s"),
         # packing the sent tensors into the transport's buffer, staging, the wire, the receiver's copy
         "transfer": s.get("pack_s", 0.0) + s["stage_s"] + r["transfer_s"],

@@ -3,6 +3,7 @@ each able to run SkyRL 0.4.0's path, ours, or the disk baseline; and the receive
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, fold_value, is_lo
 from skyrl_glm.bench.verify import verify_rebuilt
 from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.plan import synchronize
+
+TIMED_PAIRS = 16  # exporter pairs timed at once
 
 
 def _reset_peak(device: torch.device) -> int:
@@ -49,21 +52,24 @@ def make_transport(name: str, group: Any = None) -> Any:
 
 
 class TimedStream:
-    """An exporter's stream, with the seconds spent inside it (CUDA work it queues finishes in the consumer's)."""
+    """An exporter's stream, with the seconds spent inside it (CUDA work it queues finishes in the consumer's).
+    Timed per :data:`TIMED_PAIRS` pairs taken at once, so the exporter runs at most that far ahead: two clock reads
+    and a call per pair cost about what the consumer does with a pair of a shared-storage stream, and would land in
+    its stage (measured on the CPU machine: 42 ms over a full GLM-5.3 export, 12 ms so)."""
 
     def __init__(self, pairs: Iterator[tuple[str, torch.Tensor]]) -> None:
         self.pairs = pairs
         self.seconds = 0.0
 
-    def __iter__(self) -> TimedStream:
-        return self
-
-    def __next__(self) -> tuple[str, torch.Tensor]:
-        t0 = time.perf_counter()
-        try:
-            return next(self.pairs)
-        finally:
-            self.seconds += time.perf_counter() - t0
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        clock = time.perf_counter
+        while True:
+            t0 = clock()
+            taken = list(itertools.islice(self.pairs, TIMED_PAIRS))
+            self.seconds += clock() - t0
+            if not taken:
+                return
+            yield from taken
 
 
 class Sender:

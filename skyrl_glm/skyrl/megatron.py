@@ -39,15 +39,15 @@ _INDEXED_EXPERTS = re.compile(r"\.mlp\.experts\.\d+\.")
 
 
 class VllmNamedStream(StreamReader):
-    """The bridge's export as the ``(PEFT name, tensor)`` pairs vLLM loads, lazily: one pass, and nothing retained
-    but the expert tensors without an expert index, which SkyRL's file sync stacks per name in emission order.
+    """The bridge's export as the pairs vLLM loads, lazily: one pass, and nothing retained but the expert tensors
+    without an expert index, which SkyRL's file sync stacks per name in emission order. The names stay the bridge's:
+    their PEFT prefix is added to the dedup's result (:meth:`~skyrl_glm.sync.dedup.Dedup.prefixed`, per rule).
 
     Per-expert names pass through as they come. The unindexed ones follow at the end, rank-scale folded: on a
     per-expert checkpoint a ``(1, ...)`` shared side is shown under every expert's name as one view (SkyRL's
     converter clones it per expert); on a packed one ``_convert_moe_experts_lora_to_vllm`` rewrites the stacks.
     Read in parts (:class:`~skyrl_glm.sync.dedup.StreamReader`, ``slice_bytes`` the dedup's, None with declared
-    sharing), each part's names prefixed and tested as one text. ``prefolded``: the names whose rank scale is
-    already folded."""
+    sharing), each part's names tested as one text. ``prefolded``: the names whose rank scale is already folded."""
 
     def __init__(
         self,
@@ -67,15 +67,12 @@ class VllmNamedStream(StreamReader):
 
     def part(self, at_most: int = PART) -> Part | None:
         while self.tail is None and (raw := super().part(at_most)) is not None:
-            text = PEFT_PREFIX + ("\n" + PEFT_PREFIX).join(raw.names)  # renamed as one text: fewer string copies
-            names = text.split("\n")
-            if len(names) != len(raw.names):  # a name holding a newline: renamed one by one
-                names = list(map(PEFT_PREFIX.__add__, raw.names))
+            text = "\n".join(raw.names)  # tested as one text
             self.indexed = self.indexed or _INDEXED_EXPERTS.search(text) is not None
             if _UNINDEXED_EXPERTS.search(text) is None:
-                return Part(names, raw.tensors, raw.by_address)
+                return raw
             kept = []
-            for name, tensor in zip(names, raw.tensors, strict=True):
+            for name, tensor in zip(raw.names, raw.tensors, strict=True):
                 if _UNINDEXED_EXPERTS.search(name):
                     self.held.setdefault(name, []).append(tensor)
                 else:
@@ -133,7 +130,7 @@ def unique_adapter(
     todo = {n: t for n, t in dedup.unique.items() if n not in stream.prefolded}
     folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
     dedup.unique.update(folded)
-    return dedup
+    return dedup.prefixed(PEFT_PREFIX)
 
 
 def _peak_bytes(device: torch.device) -> int | None:

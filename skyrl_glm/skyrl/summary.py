@@ -10,7 +10,7 @@ from typing import Any
 # The sync's stages as the worker reports them: memory (skyrl-glm's publisher: the plan's parts, staging, the
 # transport's stream, the receiving workers' receive, SkyRL's load request) and disk (SkyRL's file sync, timed
 # around its save and its load request).
-PLAN_PARTS = ("dedup_s", "alias_s", "fold_s", "pack_s", "checksum_s", "manifest_s")
+PLAN_PARTS = ("dedup_s", "fold_s", "pack_s", "checksum_s", "manifest_s")
 SYNC_STAGES = ("stage_s", "transfer_s", "receive_s", "load_s", "save_s")
 # SkyRL's step timers (``timing/<name>``) kept per step.
 STEP_TIMERS = ("step", "generate", "train_critic_and_policy", "sync_weights")

@@ -6,8 +6,9 @@ A full GLM-5.3 export shows 1,389 unique tensors under 116,292 public names; as 
 one sent tensor. An :class:`AliasRun` says exactly that; names that fit no run stay explicit ``{public: sent}``
 entries. Both sides use the runs without expanding them, except to build the public dict at the end:
 
-* the sender (:func:`runs_of`) turns each sent tensor's public names (stream order) into runs plus leftovers,
-  and a run is kept only when its expansion equals those names exactly;
+* the sender (:func:`cover`) turns each sent tensor's public names (stream order) into runs plus leftovers,
+  all sent tensors' names in one pass over their joined text, and a run is kept only when its expansion equals
+  those names exactly;
 * the receiver (:class:`NameIndex`) checks that no two rules give the same public name and finds a name's pair
   (``lora_A`` <-> ``lora_B``) or coverage by interval arithmetic over the runs, never over 116k strings.
 
@@ -114,30 +115,48 @@ def split_index(name: str, last: bool = True) -> list[tuple[str, int, str]]:
 
 def runs_of(sent: str, names: Sequence[str], min_run: int = 3) -> tuple[list[AliasRun], list[str]]:
     """Cover ``names`` (one sent tensor's public names, stream order) with runs of at least ``min_run`` names;
-    returns the runs and the names left explicit. Exact: a run is kept only if its expansion, joined, equals the
-    names joined (a C-level comparison; the run's length is found by probing single names)."""
+    returns the runs and the names left explicit (see :func:`cover`)."""
+    runs, lone = cover(names, [len(names)], [sent], min_run)
+    return runs, [x for x, _ in lone if x != sent]
+
+
+def cover(
+    names: Sequence[str], ends: Sequence[int], sents: Sequence[str], min_run: int = 3
+) -> tuple[list[AliasRun], list[tuple[str, str]]]:
+    """Cover groups of public names with runs of at least ``min_run`` names: group ``k`` is ``names`` up to
+    ``ends[k]``, all showing the sent tensor ``sents[k]``, in stream order. Returns the runs and, in order, the
+    names in none with their sent tensor. Exact and in bulk: the names are joined once, and a run is kept only if
+    its expansion, joined, is that text from the run's first name up to a name boundary (compared in place; the
+    run's length is found by probing single names). Names holding a newline would blur the boundaries: then every
+    name is left out."""
+    text = "\n".join(names)
+    plain = text.count("\n") == len(names) - 1
     runs: list[AliasRun] = []
-    explicit: list[str] = []
-    i, n = 0, len(names)
-    while i < n:
-        taken = 1
-        for head, idx, tail in split_index(names[i])[:1] if n - i >= min_run else []:
-            # the longest k for which names[i + k - 1] is the run's k-th name (binary search on probes) ...
-            lo, hi = 1, min(n - i, MAX_INDEX - idx)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if names[i + mid - 1] == head + str(idx + mid - 1) + tail:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            # ... kept only when every name in between is the run's too
-            if lo >= min_run and "\n".join(names[i : i + lo]) == _joined(head, idx, idx + lo, tail):
-                runs.append(AliasRun(head, idx, idx + lo, tail, sent))
-                taken = lo
-        if taken == 1:
-            explicit.append(names[i])
-        i += taken
-    return runs, [x for x in explicit if x != sent]
+    lone: list[tuple[str, str]] = []
+    i = at = 0  # the name looked at, and where it starts in ``text``
+    for end, sent in zip(ends, sents, strict=True):
+        while i < end:
+            taken = 1
+            for head, idx, tail in split_index(names[i])[:1] if plain and end - i >= min_run else []:
+                # the longest k for which names[i + k - 1] is the run's k-th name (binary search on probes) ...
+                lo, hi = 1, min(end - i, MAX_INDEX - idx)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if names[i + mid - 1] == head + str(idx + mid - 1) + tail:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                # ... kept only when every name in between is the run's too
+                joined = _joined(head, idx, idx + lo, tail) if lo >= min_run else ""
+                stop = at + len(joined)
+                if joined and text.startswith(joined, at) and (stop == len(text) or text[stop] == "\n"):
+                    runs.append(AliasRun(head, idx, idx + lo, tail, sent))
+                    taken, at = lo, stop + 1
+            if taken == 1:
+                lone.append((names[i], sent))
+                at += len(names[i]) + 1
+            i += taken
+    return runs, lone
 
 
 class NameIndex:

@@ -23,6 +23,10 @@ every pass over the objects costs a cache miss each):
    never decides alone: on a failed proof the object is compared with every value of that print in turn. Equal
    bytes, shape and dtype are one value wherever they occur (the zero-initialised ``lora_B`` of every layer, say);
    duplicates are released after their slice, so sender memory stays near the unique adapter.
+4. **Rules.** The names, grouped per sent tensor by one stable sort, become the manifest's alias rules in one pass
+   over their joined text (:func:`~skyrl_glm.sync.aliases.cover`: expert-index runs, the rest explicit), and no
+   name may repeat, checked on the rules (a run's names differ by construction): runs that overlap or a name left
+   out of the runs that a run names too. Only a suspicion walks every name, for the first repeat.
 
 Sent tensors are in stream order of first appearance (a value told apart only after a fingerprint collision comes
 after its slice's other new values); each sent tensor's names keep stream order, the first is its sent name.
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from skyrl_glm.sync.aliases import AliasError, AliasRun, NameIndex, cover
 from skyrl_glm.sync.checksum import fingerprints, sums_at, word_aligned
 from skyrl_glm.sync.compare import equal_at, equal_pairs
 
@@ -50,12 +55,39 @@ PART = 256  # pairs read at once while a slice's bytes are counted
 
 @dataclass
 class Dedup:
-    """Result of deduplication: the tensors to send, each with every public name that shows it."""
+    """Result of deduplication: the tensors to send, each with every public name that shows it, and those names as
+    alias rules (:func:`~skyrl_glm.sync.aliases.cover`, made here in one pass: the names are already grouped)."""
 
     unique: dict[str, torch.Tensor]  # sent name (its first public name) -> tensor
-    names: dict[str, list[str]]  # sent name -> its public names (the sent name first)
+    grouped: Sequence[str]  # every sent tensor's public names (stream order, the sent name first), one after another
+    ends: list[int]  # where each sent tensor's names end in ``grouped``
+    runs: list[AliasRun]  # the aliases in expert-index runs ...
+    explicit: dict[str, str]  # ... and the others, ``{public: sent}``
     public_count: int
     public_bytes: int
+    prefix: str = ""  # every name of ``grouped`` shows under ``prefix + name`` (added per rule, not per name)
+
+    @property
+    def names(self) -> dict[str, list[str]]:
+        """Sent name -> its public names, the sent name first (tests, small adapters)."""
+        grouped = [self.prefix + n for n in self.grouped]
+        return {grouped[s]: grouped[s:e] for s, e in zip([0, *self.ends], self.ends, strict=False)}
+
+    def prefixed(self, prefix: str) -> Dedup:
+        """This result with every public name under ``prefix`` (a stream's renaming, done on the few rules, not on
+        every name): a run's names prefixed are the prefixed run's, and equal names stay equal, distinct ones
+        distinct."""
+        rename = prefix.__add__
+        return Dedup(
+            unique=dict(zip(map(rename, self.unique), self.unique.values(), strict=True)),
+            grouped=self.grouped,
+            ends=self.ends,
+            runs=[AliasRun(prefix + r.head, r.start, r.stop, r.tail, prefix + r.sent) for r in self.runs],
+            explicit={prefix + p: prefix + sent for p, sent in self.explicit.items()},
+            public_count=self.public_count,
+            public_bytes=self.public_bytes,
+            prefix=prefix + self.prefix,
+        )
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -357,26 +389,39 @@ class _Deduper:
             del sl, taken  # the slice's duplicates can go
         refs = np.concatenate(self.refs) if self.refs else np.zeros(0, dtype=np.int64)
         names = list(itertools.chain.from_iterable(self.names))
-        if len(set(names)) != len(names):
-            raise ValueError(f"adapter stream repeats the name {_first_repeat(names)!r}")
-        order = np.argsort(refs, kind="stable")
-        ends = np.cumsum(np.bincount(refs, minlength=len(self.sent))).tolist()
-        grouped = _pick(names, order)
-        by_sent = [list(grouped[s:e]) for s, e in zip([0, *ends][:-1], ends, strict=True)]  # none for no tensors
-        counts = np.diff([0, *ends])
+        counts = np.bincount(refs, minlength=len(self.sent))
+        ends = np.cumsum(counts).tolist()
+        grouped = _pick(names, np.argsort(refs, kind="stable"))
+        sents = _pick(grouped, np.array([0, *ends[:-1]], dtype=np.int64)[: len(ends)])
+        runs, lone = cover(grouped, ends, sents)
+        _check_distinct(names, runs, [n for n, _ in lone])
         nbytes = self.kinds[: len(self.sent), 2]
         return Dedup(
-            unique={ns[0]: t for ns, t in zip(by_sent, self.sent, strict=True)},
-            names={ns[0]: ns for ns in by_sent},
+            unique=dict(zip(sents, self.sent, strict=True)),
+            grouped=grouped,
+            ends=ends,
+            runs=runs,
+            explicit={n: sent for n, sent in lone if n != sent},
             public_count=len(names),
             public_bytes=int((nbytes * counts).sum()),
         )
 
 
-def _first_repeat(names: list[str]) -> str:
-    """The first name of ``names`` that occurs again later."""
-    counts = Counter(names)
-    return next(n for n in names if counts[n] > 1)
+def _check_distinct(names: list[str], runs: list[AliasRun], lone: list[str]) -> None:
+    """No public name twice, checked on the rules rather than on every name: the names of one run differ by
+    construction, so a repeat is two runs naming one name, a name left out of the runs that a run names too, or
+    two such names. Only a suspicion walks every name, for the first repeat (rules that could name one name twice
+    but do not are the manifest's to refuse)."""
+    try:
+        NameIndex(dict.fromkeys(lone, ""), runs)  # "" is no sent name: any of them in a run is refused
+        suspect = len(set(lone)) != len(lone)
+    except AliasError:
+        suspect = True
+    if suspect:
+        counts = Counter(names)
+        repeat = next((n for n in names if counts[n] > 1), None)
+        if repeat is not None:
+            raise ValueError(f"adapter stream repeats the name {repeat!r}")
 
 
 def deduplicate(

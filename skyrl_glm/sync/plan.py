@@ -5,8 +5,8 @@ Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT stat
 
 * **Dedup, exact** (:mod:`skyrl_glm.sync.dedup`): names showing one storage view are one sent tensor; other
   equal values are proven equal byte for byte, unless the exporter declares its sharing (``shared_storage``).
-* **Alias runs.** Each sent tensor's public names become :class:`~skyrl_glm.sync.aliases.AliasRun` rules
-  (expert-index ranges) plus a few explicit aliases: a ~0.3 MB manifest instead of a 17 MB map.
+* **Alias runs.** The dedup gives each sent tensor's public names as :class:`~skyrl_glm.sync.aliases.AliasRun`
+  rules (expert-index ranges) plus a few explicit aliases: a ~0.3 MB manifest instead of a 17 MB map.
 * **Pack, fold, checksum on the packed stream.** The unique tensors are copied once into the stream buffer (the
   transport's staging memory where it has one), ``lora_B`` last so the B tensors of one dtype form one region;
   SkyRL 0.4's ``fold_lora_alpha_for_vllm`` scales that region in one call (its elementwise float32 arithmetic,
@@ -28,7 +28,6 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
     mark_alpha_folded,
 )
 
-from skyrl_glm.sync.aliases import AliasRun, runs_of
 from skyrl_glm.sync.checksum import span_checks
 from skyrl_glm.sync.dedup import Dedup, deduplicate
 from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
@@ -38,19 +37,6 @@ DEFAULT_BUCKET_BYTES = 512 << 20
 
 Staging = Callable[[int, torch.device], torch.Tensor]
 _FOLD_PIECE = 1 << 18  # elements folded at once off the GPU
-
-
-def alias_rules(names: Mapping[str, list[str]]) -> tuple[dict[str, str], list[AliasRun]]:
-    """Each sent tensor's public names as runs plus explicit ``{public: sent}`` aliases."""
-    explicit: dict[str, str] = {}
-    runs: list[AliasRun] = []
-    for sent, public in names.items():
-        if len(public) == 1:
-            continue
-        r, rest = runs_of(sent, public)
-        runs += r
-        explicit.update(dict.fromkeys(rest, sent))
-    return explicit, runs
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -165,8 +151,6 @@ def _build_plan(
     dedup = adapter if isinstance(adapter, Dedup) else deduplicate(adapter, shared_storage=shared_storage)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
     synchronize(device)
-    t1 = time.perf_counter()
-    explicit, runs = alias_rules(dedup.names)
     t2 = time.perf_counter()
     config = jsonable_config(adapter_config)
     r, alpha = config["r"], config.get("lora_alpha", config["r"])
@@ -193,16 +177,15 @@ def _build_plan(
         lora_name=lora_name,
         adapter_config=mark_alpha_folded(config),
         tensors=tuple(entries),
-        aliases=explicit,
+        aliases=dedup.explicit,
         total_bytes=total,
         bucket_bytes=bucket_bytes,
         checksums="".join(sums),
-        alias_runs=tuple(runs),
+        alias_runs=tuple(dedup.runs),
     )
     manifest.validate()
     timings = {
-        "dedup_s": t1 - t0,
-        "alias_s": t2 - t1,
+        "dedup_s": t2 - t0,
         "pack_s": t3 - t2,
         "fold_s": t4 - t3,
         "checksum_s": t5 - t4,
