@@ -91,7 +91,8 @@ class LiveSampler:
         self.model = model
         self.loop = loop
 
-    async def _sample(self, prompt: list[int], max_tokens: int, prompt_logprobs: bool) -> dict[str, Any]:
+    async def _sample(self, prompt: list[int], prompt_logprobs: bool) -> dict[str, Any]:
+        """One token after ``prompt`` (greedy), with the prompt's logprobs when asked."""
         return await self.client.sample(
             {
                 "json": {
@@ -99,14 +100,14 @@ class LiveSampler:
                     "num_samples": 1,
                     "model": self.model,
                     "include_prompt_logprobs": prompt_logprobs,
-                    "sampling_params": {"temperature": 0.0, "max_tokens": max_tokens},
+                    "sampling_params": {"temperature": 0.0, "max_tokens": 1},
                 }
             }
         )
 
     async def first_token(self, prompt: list[int]) -> list[int]:
         """One greedy token after ``prompt`` (on the event loop): the cheapest request on the served adapter."""
-        answer = await self._sample(prompt, 1, False)
+        answer = await self._sample(prompt, False)
         return list(answer["sequences"][0]["tokens"])
 
     def _all(self, calls: list[Awaitable[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -116,7 +117,7 @@ class LiveSampler:
         return _on_loop(self.loop, gather())
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        answers = self._all([self._sample(s, 1, True) for s in sequences])
+        answers = self._all([self._sample(s, True) for s in sequences])
         return [list(a["prompt_logprobs"][1:]) for a in answers]
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
