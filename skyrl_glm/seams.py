@@ -177,6 +177,39 @@ SEAMS: tuple[Seam, ...] = (
         "skyrl_glm/bench/load_layouts.py",
         "bench load reads the LoRA slot tensors vLLM allocated (its LoRAModelManager's modules) to measure their bytes",
     ),
+    # -- vLLM: the shared-all expert layout (skyrl_glm/sync/vllm/shared_factors.py) --------------------------
+    *(
+        Seam(
+            "vllm.lora.layers.fused_moe:FusedMoEWithLoRA",
+            name,
+            "patched",
+            VLLM,
+            "skyrl_glm/sync/vllm/shared_factors.py",
+            why,
+        )
+        for name, why in (
+            ("create_lora_weights", "decides per layer, from the engine's config, whether its slots are shared-all"),
+            ("_create_lora_a_weights", "shared-all: the down lora_A slots become one expert's storage, stride-0 view"),
+            ("_create_lora_b_weights", "shared-all: the gate/up lora_B slots the same"),
+            ("set_lora", "shared-all: vLLM writes the collapsed slots through their one-expert storage"),
+            ("reset_lora", "shared-all: as set_lora"),
+        )
+    ),
+    *(
+        Seam(
+            "vllm.lora.layers.fused_moe:FusedMoEWithLoRA",
+            name,
+            kind,
+            VLLM,
+            "skyrl_glm/sync/vllm/shared_factors.py",
+            why,
+        )
+        for name, kind, why in (
+            ("w13_lora_b_stacked", "assigned", "the gate/up lora_B slot tensors shared-all collapses"),
+            ("w2_lora_a_stacked", "assigned", "the down lora_A slot tensors shared-all collapses"),
+            ("_match_expert_dim", "attribute", "set_lora takes expert 0 of a per-expert factor for a one-expert slot"),
+        )
+    ),
     # -- added with the GPU sampler, the per-run ports and the sync group ----------------------------------
     Seam(
         "skyrl.backends.skyrl_train.patches.vllm.patch_glm5next_lora_packing",

@@ -1,6 +1,8 @@
 """vLLM general plugin (entry point ``vllm.general_plugins``): runs in every vLLM process.
 
 * Installs SkyRL's in-memory LoRA loader (``skyrl-memory://<name>`` adapters built from staged tensors).
+* Installs the shared-all expert layout's slots (:mod:`skyrl_glm.sync.vllm.shared_factors`), on only in an engine
+  that asks for it.
 * On CPU only: keeps the CPU fused-MoE backend when LoRA is enabled. vLLM otherwise forces the Triton
   MoE-LoRA backend, which fails on CPU; routed experts then carry no LoRA, so the target list must
   exclude them (the model policies do, for sampler ``vllm-cpu``).
@@ -37,10 +39,11 @@ def register() -> None:
     from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import apply_lora_in_memory_patch
     from vllm.platforms import current_platform
 
-    from skyrl_glm.sync.vllm import route_guard
+    from skyrl_glm.sync.vllm import route_guard, shared_factors
 
     apply_lora_in_memory_patch()
     route_guard.install()
+    shared_factors.install()
     if current_platform.is_cpu():
         _keep_cpu_moe_backend_with_lora()
         from skyrl_glm.models.glm5_vllm_cpu import register_cpu_model

@@ -1,7 +1,7 @@
 """The routed experts' serving layouts on vLLM's GPU build: each layout applied by vLLM's own loader and kernels
 (the five-step check passes with the routed experts as the only targets, a stale or dropped adapter fails), the
-shared-outer refusal on the real engine, and drop-experts failing the default check on every seed. One engine per
-test (``run_matrix`` shares it); each test is setup-dominated, about one minute on one H200.
+shared-outer and shared-all refusals on the real engine, and drop-experts failing the default check on every seed.
+One engine per test (``run_matrix`` shares it); each test is setup-dominated, about one minute on one H200.
 
 GPU only (skipped on CPU CI). ``SKYRL_GLM_GPU_RESULTS=DIR`` keeps each matrix's JSON report there.
 """
@@ -25,7 +25,7 @@ def _outcomes(result: dict) -> dict[tuple[str, int], str]:
     return {(r["fault"], r["seed"]): r["outcome"] for r in result["checks"]}
 
 
-@pytest.mark.parametrize("layout", ["per-expert", "stacked-3d", "shared-outer"])
+@pytest.mark.parametrize("layout", ["per-expert", "stacked-3d", "shared-outer", "shared-all"])
 def test_each_layout_serves_the_routed_experts(layout: str) -> None:
     from skyrl_glm.check.matrix import run_matrix
     from skyrl_glm.check.runner import CheckOptions
@@ -41,15 +41,18 @@ def test_each_layout_serves_the_routed_experts(layout: str) -> None:
     assert result["all_as_expected"]
 
 
-def test_shared_outer_refuses_a_per_expert_adapter_before_it_serves() -> None:
-    """The layout's refusal on the real engine: an adapter whose experts differ cannot be served shared-outer
-    (vLLM would serve expert 0's factors to all); the receiver refuses, the previous version keeps serving."""
+@pytest.mark.parametrize(
+    ("layout", "factor"), [("shared-outer", "gate_proj.lora_A"), ("shared-all", "gate_proj.lora_B")]
+)
+def test_a_shared_layout_refuses_a_per_expert_adapter_before_it_serves(layout: str, factor: str) -> None:
+    """The layout's refusal on the real engine: an adapter whose experts differ in a factor the layout keeps once
+    cannot be served so (the engine would serve expert 0's to all); the receiver refuses, the previous version keeps
+    serving. shared-all keeps gate/up lora_B once too, which shared-outer keeps per expert."""
     from skyrl_glm.check.probes import make_probes
     from skyrl_glm.check.runner import CheckOptions, build, prepare, tiny_model_dir
-    from skyrl_glm.sync.expert_layout import SHARED_OUTER
 
     options = CheckOptions(
-        model="glm-5.3", device="cuda", transport="ipc", lora_targets=EXPERTS_ONLY, expert_layout=SHARED_OUTER
+        model="glm-5.3", device="cuda", transport="ipc", lora_targets=EXPERTS_ONLY, expert_layout=layout
     )
     plan = prepare(options)
     probes = make_probes(plan.vocab_size)
@@ -59,10 +62,10 @@ def test_shared_outer_refuses_a_per_expert_adapter_before_it_serves() -> None:
         assert publisher.publish(trainer.adapter(), trainer.lora_config, 1).ok  # shared experts: served
         served = sampler.score(probes.sequences)
         per_expert = dict(trainer.adapter())
-        name = next(n for n in per_expert if ".mlp.experts.1.gate_proj.lora_A" in n)
+        name = next(n for n in per_expert if f".mlp.experts.1.{factor}" in n)
         per_expert[name] = per_expert[name] + 0.5  # expert 1 now differs from expert 0
         result = publisher.publish(per_expert, trainer.lora_config, 2)
-        assert not result.ok and "shared-outer" in result.reason and "expert 1" in result.reason, result.reason
+        assert not result.ok and layout in result.reason and "expert 1" in result.reason, result.reason
         assert sampler.score(probes.sequences) == served  # version 1 still serves
     finally:
         for step in cleanup:

@@ -3,8 +3,10 @@
 vLLM's CPU build cannot run routed-expert LoRA, but the code that turns a loaded adapter into the tensors its
 fused-MoE LoRA slots take runs anywhere (identical in vLLM 0.30 and 0.32): ``PackedLoRALayerWeights.pack_moe`` for
 per-expert names, ``LoRAModelManager._convert_3d_to_2d_moe_lora`` for the 3D format, ``pack_moe_stacked`` plus
-``FusedMoEWithLoRA._match_expert_dim`` for shared-outer. Each layout, fed through its vLLM path, must give the slots
-exactly what the per-expert names give through theirs. The GPU tests prove the engines apply them.
+``FusedMoEWithLoRA._match_expert_dim`` for shared-outer, and a ``FusedMoEWithLoRA`` layer's own slot creation and
+``set_lora`` (a layer object without its MoE kernel) for shared-all's slots. Each layout, fed through its vLLM path,
+must give the slots exactly what the per-expert names give through theirs. The GPU tests prove the engines (and
+their kernels) apply them.
 """
 
 from __future__ import annotations
@@ -106,6 +108,48 @@ def slots_shared_outer(tensors: dict[str, torch.Tensor], layer: int) -> tuple[li
     return out["a"], out["b"]
 
 
+def fused_moe_layer(shared: bool, layout: str):
+    """A ``FusedMoEWithLoRA`` of the tiny config's MoE shape with its slots made by vLLM's ``create_lora_weights``
+    inside an engine config of ``layout`` (skyrl-glm's vLLM plugin patch installed, as in every engine); no base
+    layer or kernel: the slots are what is under test."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.layers.fused_moe import FusedMoEWithLoRA
+
+    from skyrl_glm.sync.vllm import shared_factors
+
+    shared_factors.install()
+    layer = FusedMoEWithLoRA.__new__(FusedMoEWithLoRA)
+    torch.nn.Module.__init__(layer)
+    layer.moe_config = types.SimpleNamespace(
+        hidden_dim=CONFIG.hidden_size,
+        num_local_experts=EXPERTS,
+        num_experts=EXPERTS,
+        intermediate_size_per_partition=CONFIG.moe_intermediate_size,
+        moe_parallel_config=types.SimpleNamespace(use_ep=False, ep_rank=0),
+    )
+    layer.tp_size, layer.tp_rank, layer.device, layer._w13_slices = 1, 0, torch.device("cpu"), 2
+    lora = LoRAConfig(max_lora_rank=8, max_loras=2, enable_moe_shared_loras=shared, lora_dtype=torch.float32)  # >= RANK
+    extra = layouts.engine_arguments(layout).get("additional_config", {})
+    with set_current_vllm_config(VllmConfig(lora_config=lora, additional_config=extra)):
+        layer.create_lora_weights(2, lora)
+    return layer
+
+
+SLOT_NAMES = ("w13_lora_a_stacked", "w13_lora_b_stacked", "w2_lora_a_stacked", "w2_lora_b_stacked")
+
+
+def slots_set(layer, lora_a: list, lora_b: list) -> list[torch.Tensor]:
+    """``set_lora`` into slot 1, then what the kernels read of that slot: every factor ``[E, ...]`` (a stride-0
+    view where one slot serves all experts, as the shared layouts hand their kernels)."""
+    layer.set_lora(1, lora_a, lora_b)
+    return [t[1].expand(EXPERTS, *t.shape[2:]) for name in SLOT_NAMES for t in getattr(layer, name)]
+
+
+def slot_bytes(layer) -> int:
+    return sum(t.untyped_storage().nbytes() for name in SLOT_NAMES for t in getattr(layer, name))
+
+
 def assert_same_slots(got: tuple[list, list], want: tuple[list, list]) -> None:
     for side, (g, w) in enumerate(zip(got, want, strict=True)):
         for i, (x, y) in enumerate(zip(g, w, strict=True)):
@@ -135,7 +179,40 @@ def test_shared_outer_fills_vllm_slots_as_the_per_expert_names_do() -> None:
         assert w1_a.shape[0] == 1 and w1_b.shape[0] == EXPERTS and w1_b.stride(0) == 0  # one broadcast, no copies
 
 
-@pytest.mark.parametrize("layout", [layouts.STACKED_3D, layouts.SHARED_OUTER])
+def test_shared_all_fills_vllm_slots_as_the_per_expert_names_do_in_a_fraction_of_the_memory() -> None:
+    tensors = adapter(shared=True)
+    per_expert = receive(tensors, layouts.PER_EXPERT).tensors
+    shared = receive(tensors, layouts.SHARED_ALL).tensors
+    assert set(shared) == set(receive(tensors, layouts.SHARED_OUTER).tensors)  # shared-outer's tensors, as said
+    from vllm.lora.lora_weights import PackedLoRALayerWeights
+
+    layer = MOE_LAYERS[0]
+    stacks = [vllm_loras(shared).loras[f"{experts_module(layer)}.w{i}"] for i in (1, 2, 3)]
+    packed = PackedLoRALayerWeights.pack_moe_stacked(stacks, experts_module(layer))
+    want_layer = fused_moe_layer(shared=False, layout=layouts.PER_EXPERT)
+    want = slots_set(want_layer, *slots_per_expert(per_expert, layer))
+    got_layer = fused_moe_layer(shared=True, layout=layouts.SHARED_ALL)
+    got = slots_set(got_layer, packed.lora_a, packed.lora_b)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert all(t.shape[1] == 1 or t.stride(1) == 0 for name in SLOT_NAMES for t in getattr(got_layer, name))  # one slot
+    assert slot_bytes(got_layer) * EXPERTS == slot_bytes(want_layer)  # each factor once instead of once per expert
+    outer = fused_moe_layer(shared=True, layout=layouts.SHARED_OUTER)  # vLLM's own: two factors of four shared
+    assert slot_bytes(got_layer) < slot_bytes(outer) < slot_bytes(want_layer)
+    assert got_layer.w2_lora_a_stacked[0].stride(1) == 0 and outer.w2_lora_a_stacked[0].stride(1) != 0
+    got_layer.reset_lora(1)  # vLLM's reset writes through the storage too
+    assert not any(t[1].any() for name in SLOT_NAMES for t in getattr(got_layer, name))
+
+
+def test_shared_all_refuses_an_adapter_whose_experts_differ_in_a_factor_shared_outer_keeps_per_expert() -> None:
+    tensors = adapter(shared=True)
+    name = f"base_model.model.{experts_module(MOE_LAYERS[0])}.2.up_proj.lora_B.weight"
+    tensors[name] = tensors[name] + 1e-3
+    assert receive(tensors, layouts.SHARED_OUTER).tensors  # lora_B of gate/up has a slot per expert there
+    with pytest.raises(UpdateRejected, match=r"shared-all: .*experts expert 2 has another up_proj.lora_B"):
+        receive(tensors, layouts.SHARED_ALL)
+
+
+@pytest.mark.parametrize("layout", [layouts.STACKED_3D, layouts.SHARED_OUTER, layouts.SHARED_ALL])
 def test_other_targets_pass_through_bit_exact(layout: str) -> None:
     tensors = adapter(shared=True)
     per_expert = receive(tensors, layouts.PER_EXPERT).tensors
@@ -192,3 +269,23 @@ def test_the_engine_arguments_decide_the_layout() -> None:
         layouts.layout_of({"enable_moe_shared_loras": True, "enable_mixed_moe_lora_format": True})
     with pytest.raises(layouts.LayoutError, match="unknown expert layout 'stacked'"):
         layouts.engine_arguments("stacked")
+
+
+def test_shared_all_is_shared_outer_with_an_additional_config_entry_merged_into_the_users() -> None:
+    args = layouts.engine_arguments(layouts.SHARED_ALL, {"additional_config": {"mine": 1}})
+    assert args == {
+        "enable_mixed_moe_lora_format": False,
+        "enable_moe_shared_loras": True,
+        "additional_config": {"mine": 1, layouts.ADDITIONAL_CONFIG_KEY: layouts.SHARED_ALL},
+    }
+    lora = types.SimpleNamespace(enable_moe_shared_loras=True)  # inside a worker: its VllmConfig
+    assert layouts.layout_of(types.SimpleNamespace(lora_config=lora, additional_config=args["additional_config"])) == (
+        layouts.SHARED_ALL
+    )
+    assert layouts.layout_of(types.SimpleNamespace(lora_config=lora, additional_config={})) == layouts.SHARED_OUTER
+    off = types.SimpleNamespace(enable_moe_shared_loras=False)  # the entry alone changes nothing
+    assert layouts.layout_of(types.SimpleNamespace(lora_config=off, additional_config=args["additional_config"])) == (
+        layouts.PER_EXPERT
+    )
+    layer = fused_moe_layer(shared=True, layout=layouts.SHARED_OUTER)  # the plugin's patch is off there
+    assert layer.w13_lora_b_stacked[0].stride(1) != 0

@@ -318,7 +318,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--layouts",
         default=None,
-        help="full width: compare routed-expert layouts, one engine each (per-expert,stacked-3d,shared-outer)",
+        help="full width: compare routed-expert layouts, one engine each (e.g. per-expert,shared-outer,shared-all)",
     )
     p.add_argument("--sync-json", default=None, help="a bench sync --json report: adds the end-to-end handoff rows")
     p.add_argument("--plot", default=None, help="with --layouts: write the fit and slot-memory PNG here")

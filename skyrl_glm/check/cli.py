@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--expert-layout",
         default=PER_EXPERT,
         choices=LAYOUTS,
-        help="how the engine takes routed-expert LoRA (shared-outer trains one adapter per layer)",
+        help="how the engine takes routed-expert LoRA (shared-outer, shared-all: one adapter per layer)",
     )
     p.add_argument("--no-decode", action="store_true", help="score the prefill path only")
     p.add_argument("--seed", type=int, default=0)

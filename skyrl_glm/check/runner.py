@@ -25,7 +25,7 @@ from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
 from skyrl_glm.plugins import registry
-from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, SHARED_OUTER
+from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, SHARED_ALL, SHARED_OUTER
 from skyrl_glm.usage import UsageError, name_list, positive_int
 
 DEFAULT_MODEL = "glm-4.5"
@@ -53,7 +53,7 @@ class CheckOptions:
     config: CheckConfig = field(default_factory=CheckConfig)
     expert_layout: str = PER_EXPERT
     """How the engine takes the routed experts' LoRA (:mod:`skyrl_glm.sync.expert_layout`); ``shared-outer``
-    trains one adapter per layer for all its experts (the adapter that layout serves)."""
+    and ``shared-all`` train one adapter per layer for all its experts (the adapter those layouts serve)."""
 
 
 def engine_options(args: argparse.Namespace, **rest: Any) -> CheckOptions:
@@ -195,7 +195,7 @@ def build_sides(
             alpha=options.alpha,
             device=options.device,
             seed=options.config.seed,
-            shared_experts=options.expert_layout == SHARED_OUTER,
+            shared_experts=options.expert_layout in (SHARED_OUTER, SHARED_ALL),
         )
         return _warm(side, probes, generate=False)
 

@@ -82,5 +82,5 @@ def vllm_engine_kwargs(
         )
         kwargs["enable_lora"] = True
         kwargs["lora_target_modules"] = family.lora.vllm_modules(resolved)
-        kwargs.update(engine_arguments(expert_layout))
+        kwargs.update(engine_arguments(expert_layout, kwargs))
     return kwargs

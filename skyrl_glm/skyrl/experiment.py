@@ -53,8 +53,11 @@ class GlmPPOExp(BasePPOExp):
         if cfg.skyrl_glm.sync.mode == "memory":
             engine = cfg.generator.inference_engine.engine_init_kwargs
             engine.setdefault("worker_extension_cls", WORKER_EXTENSION)
-            for key, value in engine_arguments(cfg.skyrl_glm.sync.expert_layout).items():  # fixed at engine start
-                engine.setdefault(key, value)
+            for key, value in engine_arguments(cfg.skyrl_glm.sync.expert_layout, engine).items():  # at engine start
+                if key == "additional_config":
+                    engine[key] = value  # the user's entries merged in
+                else:
+                    engine.setdefault(key, value)
             logging.getLogger(_SKYRL_SERVER_ARGS_LOGGER).addFilter(_NoDiskLoraWarning())
         _router_args_compat()
         signed_client.install()  # the trainer's control calls carry the run's signature (the servers' route guard)

@@ -92,7 +92,7 @@ def _expert_layout_problem(glm: GlmSection, trainer: TrainerConfig) -> str | Non
         return f"{layout} is built by the in-memory receiver; set skyrl_glm.sync.mode=memory"
     if trainer.strategy != "megatron" or not trainer.policy.model.lora.share_expert_adapters:
         return (
-            f"{layout} serves one gate/up lora_A and one down lora_B per layer for all experts; only Megatron with "
+            f"{layout} serves one adapter per layer for all its experts; only Megatron with "
             "trainer.policy.model.lora.share_expert_adapters=true trains such an adapter (use per-expert)"
         )
     return None

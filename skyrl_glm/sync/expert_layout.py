@@ -1,4 +1,4 @@
-"""How the routed experts' LoRA is handed to vLLM: one of three layouts, fixed for an engine when it starts.
+"""How the routed experts' LoRA is handed to vLLM: one of four layouts, fixed for an engine when it starts.
 
 An update arrives with the per-expert public names vLLM's GPU build loads without flags
 (``...mlp.experts.{e}.{gate,up,down}_proj.lora_{A,B}.weight``). vLLM takes the same adapter in two other forms,
@@ -15,6 +15,11 @@ each switched on by an engine argument (so a layout is the engine's, not the upd
     expert-dim 1 (vLLM keeps one slot for all experts); the other factors ``[E, ...]``, one broadcast view each when
     the experts share them (Megatron-Bridge's ``share_expert_adapters``). vLLM reads expert 0 of a shared factor and
     ignores the rest, so an adapter whose experts differ there is refused, never served wrong.
+``shared-all``
+    shared-outer's tensors and engine argument, plus ``additional_config={"skyrl_glm_expert_layout": "shared-all"}``,
+    which makes skyrl-glm's vLLM plugin keep the other factors once per layer too
+    (:mod:`skyrl_glm.sync.vllm.shared_factors`): a quarter of the per-expert slot memory becomes about 1/E. Only
+    for an adapter whose experts share every factor (``share_expert_adapters``); any other is refused.
 
 :func:`arrange` builds a layout from the manifest's alias structure (``NameIndex``: explicit names and expert-index
 runs) without expanding the per-expert names. Torch only: the receiver calls it, no vLLM import; the layout
@@ -35,10 +40,14 @@ if TYPE_CHECKING:
 PER_EXPERT = "per-expert"
 STACKED_3D = "stacked-3d"
 SHARED_OUTER = "shared-outer"
-LAYOUTS = (PER_EXPERT, STACKED_3D, SHARED_OUTER)
+SHARED_ALL = "shared-all"
+LAYOUTS = (PER_EXPERT, STACKED_3D, SHARED_OUTER, SHARED_ALL)
 
 # The vLLM engine argument each layout needs (vLLM 0.26-0.32 ``LoRAConfig``), and the LoRARequest fields it loads with.
 ENGINE_FLAGS = {STACKED_3D: "enable_mixed_moe_lora_format", SHARED_OUTER: "enable_moe_shared_loras"}
+# shared-all rides on shared-outer's flag; this entry of vLLM's ``additional_config`` (its field for plugins, carried
+# to every worker with the engine's config) tells skyrl-glm's vLLM plugin to share the other factors too.
+ADDITIONAL_CONFIG_KEY = "skyrl_glm_expert_layout"
 REQUEST_FIELDS: dict[str, dict[str, Any]] = {STACKED_3D: {"is_3d_lora_weight": True}}
 
 # vLLM's names for a gated expert's projections (``FusedMoE`` w1 = gate, w2 = down, w3 = up).
@@ -58,26 +67,38 @@ class LayoutError(ValueError):
     """The update cannot be served in the engine's expert layout (the reason names the module and the factor)."""
 
 
-def engine_arguments(layout: str) -> dict[str, bool]:
-    """The vLLM engine arguments that start an engine in ``layout``: every layout flag, on for ``layout`` and off
+def engine_arguments(layout: str, engine: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The vLLM engine arguments that start an engine in ``layout``: every layout flag, on for ``layout``'s and off
     otherwise, so they win over a default set elsewhere (SkyRL 0.4.0 turns ``enable_mixed_moe_lora_format`` on for
-    every LoRA engine, which beside ``enable_moe_shared_loras`` would make the layout ambiguous)."""
+    every LoRA engine, which beside ``enable_moe_shared_loras`` would make the layout ambiguous); for shared-all,
+    ``additional_config`` with its entry, merged into the one ``engine`` (the other arguments) already holds."""
     if layout not in LAYOUTS:
         raise LayoutError(f"unknown expert layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-    return {flag: flag_layout == layout for flag_layout, flag in ENGINE_FLAGS.items()}
+    flag_layout = SHARED_OUTER if layout == SHARED_ALL else layout
+    out: dict[str, Any] = {flag: owner == flag_layout for owner, flag in ENGINE_FLAGS.items()}
+    if layout == SHARED_ALL:
+        out["additional_config"] = {**((engine or {}).get("additional_config") or {}), ADDITIONAL_CONFIG_KEY: layout}
+    return out
 
 
 def layout_of(settings: Mapping[str, Any] | Any, *, loads_3d: bool = True) -> str:
-    """The layout an engine runs, from its engine arguments (a mapping) or its ``LoRAConfig`` (attributes): the one
-    source of truth, read where the engine starts and inside its workers. ``loads_3d``: whether the engine's loader
-    sends ``LoRARequest(is_3d_lora_weight=True)``; without it ``enable_mixed_moe_lora_format`` (which SkyRL 0.4.0
-    sets on every LoRA engine, for Megatron's per-expert export) serves per-expert names through vLLM's universal
-    2D wrapper, and a 3D stack would stop its load (``fused_moe.py`` asserts a list per expert, on one H200)."""
-    read = settings.get if isinstance(settings, Mapping) else lambda key, default: getattr(settings, key, default)
+    """The layout an engine runs, from its engine arguments (a mapping) or its ``VllmConfig`` (``lora_config`` and
+    ``additional_config``; or an object with the flags as attributes): the one source of truth, read where the engine
+    starts and inside its workers. ``loads_3d``: whether the engine's loader sends
+    ``LoRARequest(is_3d_lora_weight=True)``; without it ``enable_mixed_moe_lora_format`` (which SkyRL 0.4.0 sets on
+    every LoRA engine, for Megatron's per-expert export) serves per-expert names through vLLM's universal 2D
+    wrapper, and a 3D stack would stop its load (``fused_moe.py`` asserts a list per expert, on one H200)."""
+    if isinstance(settings, Mapping):
+        read, extra = settings.get, settings.get("additional_config")
+    else:
+        flags = getattr(settings, "lora_config", None) or settings
+        read, extra = (lambda key, default: getattr(flags, key, default)), getattr(settings, "additional_config", None)
     on = [layout for layout, flag in ENGINE_FLAGS.items() if read(flag, False)]
     if len(on) > 1:
         raise LayoutError(f"{' and '.join(ENGINE_FLAGS[x] for x in on)} are exclusive: pick one expert layout")
     layout = on[0] if on else PER_EXPERT
+    if layout == SHARED_OUTER and isinstance(extra, Mapping) and extra.get(ADDITIONAL_CONFIG_KEY) == SHARED_ALL:
+        return SHARED_ALL
     return PER_EXPERT if layout == STACKED_3D and not loads_3d else layout
 
 
@@ -149,20 +170,25 @@ def _stack(sent: Mapping[str, torch.Tensor], row: list[str]) -> torch.Tensor:
     return torch.stack([sent[s] for s in row])
 
 
-def _shared_outer(experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor]) -> dict:
+def _shared(
+    experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor], layout: str
+) -> dict:
+    """shared-outer or shared-all: the factors vLLM keeps once per layer as ``[1, ...]`` (refused where an expert
+    differs from expert 0), the others ``[E, ...]`` (shared-all keeps expert 0's slot of them, so these must be
+    shared too: a broadcast view each)."""
+    shared = FACTORS if layout == SHARED_ALL else SHARED_FACTORS
     out = {}
-    for proj, ab in SHARED_FACTORS:
-        row = rows[(proj, ab)]
-        differs = _equal_rows(sent, row, [row[0]] * len(row))
-        if differs is not None:
-            raise LayoutError(
-                f"expert layout shared-outer: {experts} expert {differs} has another {proj}.lora_{ab} than expert 0 "
-                "(vLLM's enable_moe_shared_loras would serve expert 0's to all); use per-expert or stacked-3d"
-            )
-        out[f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"] = sent[row[0]].unsqueeze(0)
     for proj, ab in FACTORS:
-        if (proj, ab) not in SHARED_FACTORS:
-            out[f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"] = _stack(sent, rows[(proj, ab)])
+        row = rows[(proj, ab)]
+        if (proj, ab) in shared:
+            differs = _equal_rows(sent, row, [row[0]] * len(row))
+            if differs is not None:
+                raise LayoutError(
+                    f"expert layout {layout}: {experts} expert {differs} has another {proj}.lora_{ab} than expert 0 "
+                    f"(the engine keeps one for all experts and would serve expert 0's); use per-expert or stacked-3d"
+                )
+        one = (proj, ab) in SHARED_FACTORS
+        out[f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"] = sent[row[0]].unsqueeze(0) if one else _stack(sent, row)
     return out
 
 
@@ -196,14 +222,14 @@ def arrange(manifest: Manifest, sent: Mapping[str, torch.Tensor], layout: str) -
     """The tensors vLLM loads for this update in ``layout``: every public name that is not a routed-expert name
     as it is (a view of its sent tensor), the routed experts per experts module in the layout. Raises
     :class:`LayoutError` when the update cannot be served so (nothing is handed on then)."""
-    if layout not in (STACKED_3D, SHARED_OUTER):
-        raise LayoutError(f"arrange builds {STACKED_3D} or {SHARED_OUTER}, not {layout!r}")
+    if layout not in (STACKED_3D, SHARED_OUTER, SHARED_ALL):
+        raise LayoutError(f"arrange builds {STACKED_3D}, {SHARED_OUTER} or {SHARED_ALL}, not {layout!r}")
     owners, others, other_runs = _owners(manifest)
     out = {name: sent[s] for name, s in others.items()}
     for run in other_runs:
         out.update(dict.fromkeys(run.names(), sent[run.sent]))
-    build = _shared_outer if layout == SHARED_OUTER else _stacked_3d
     for experts, factors in owners.items():
         _complete(experts, factors)
-        out.update(build(experts, factors, sent))  # type: ignore[arg-type]  # complete: no None left
+        rows: dict[tuple[str, str], list[str]] = factors  # type: ignore[assignment]  # complete: no None left
+        out.update(_stacked_3d(experts, rows, sent) if layout == STACKED_3D else _shared(experts, rows, sent, layout))
     return out

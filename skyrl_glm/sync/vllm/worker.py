@@ -68,8 +68,7 @@ def receiver_state(worker: Any) -> ReceiverState:
     state = worker.__dict__.get(_STATE)
     if state is None:
         device = getattr(worker, "device", None) or torch.device("cpu")
-        lora_config = getattr(getattr(worker, "vllm_config", None), "lora_config", None)
-        layout = layout_of(lora_config, loads_3d=worker.skyrl_glm_loads_3d)
+        layout = layout_of(getattr(worker, "vllm_config", None), loads_3d=worker.skyrl_glm_loads_3d)
         receiver = AdapterReceiver(device=device, layout=layout)
         state = worker.__dict__[_STATE] = ReceiverState(receiver)
     return state
