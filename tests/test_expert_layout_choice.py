@@ -48,7 +48,7 @@ def test_the_recipes_say_which_layout_they_get() -> None:
         assert states_layout(name), name
 
 
-@pytest.mark.parametrize("layout", [layouts.STACKED_3D, layouts.SHARED_OUTER])
+@pytest.mark.parametrize("layout", [layouts.STACKED_3D, layouts.SHARED_OUTER, layouts.SHARED_ALL])
 def test_a_layout_sets_its_engine_argument(layout: str) -> None:
     family = registry().model("glm-4.5")
     targets = family.lora.resolve(sampler="vllm")
@@ -56,12 +56,13 @@ def test_a_layout_sets_its_engine_argument(layout: str) -> None:
     assert layouts.layout_of(kwargs) == layout
 
 
-def test_shared_outer_is_accepted_for_megatron_with_shared_expert_adapters() -> None:
-    cfg = load_config(GLM53, ["skyrl_glm.sync.expert_layout=shared-outer"])
+@pytest.mark.parametrize("layout", [layouts.SHARED_OUTER, layouts.SHARED_ALL])
+def test_a_shared_layout_is_accepted_for_megatron_with_shared_expert_adapters(layout: str) -> None:
+    cfg = load_config(GLM53, [f"skyrl_glm.sync.expert_layout={layout}"])
     from skyrl_glm.skyrl.validation import check_consistency
 
     check_consistency(cfg.skyrl_glm, cfg.trainer)  # raises ConfigError when refused
-    assert RunSummary("memory", cfg.skyrl_glm.sync.expert_layout).to_json()["expert_layout"] == "shared-outer"
+    assert RunSummary("memory", cfg.skyrl_glm.sync.expert_layout).to_json()["expert_layout"] == layout
 
 
 @pytest.mark.parametrize(
@@ -70,6 +71,7 @@ def test_shared_outer_is_accepted_for_megatron_with_shared_expert_adapters() -> 
         (GLM53, "skyrl_glm.sync.expert_layout=stacked", "skyrl_glm.sync.expert_layout: must be one of"),
         (GLM53, "skyrl_glm.sync.expert_layout=stacked-3d", "SkyRL 0.4.0's servers do not send"),
         (TINY, "skyrl_glm.sync.expert_layout=shared-outer", "only Megatron with"),
+        (TINY, "skyrl_glm.sync.expert_layout=shared-all", "only Megatron with"),
         (
             GLM53,
             "skyrl_glm.sync.expert_layout=shared-outer trainer.policy.model.lora.share_expert_adapters=false",
@@ -85,6 +87,7 @@ def test_a_layout_the_run_cannot_serve_is_one_line(capsys, recipe: str, override
     ("argv", "says"),
     [
         (["check", "--expert-layout", "shared-outer"], "vLLM's CPU build serves no routed-expert LoRA"),
+        (["check", "--expert-layout", "shared-all"], "vLLM's CPU build serves no routed-expert LoRA"),
         (["check-matrix", "--expert-layout", "stacked-3d"], "vLLM's CPU build serves no routed-expert LoRA"),
         (["check-matrix", "--seeds", "3-x"], "--seeds '3-x': give comma-separated integers"),
         (["check", "--group-margin", "nan"], "group_margin"),
