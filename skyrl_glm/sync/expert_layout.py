@@ -18,8 +18,8 @@ each switched on by an engine argument (so a layout is the engine's, not the upd
 ``shared-all``
     shared-outer's tensors and engine argument, plus ``additional_config={"skyrl_glm_expert_layout": "shared-all"}``,
     which makes skyrl-glm's vLLM plugin keep the other factors once per layer too
-    (:mod:`skyrl_glm.sync.vllm.shared_factors`): a quarter of the per-expert slot memory becomes about 1/E. Only
-    for an adapter whose experts share every factor (``share_expert_adapters``); any other is refused.
+    (:mod:`skyrl_glm.sync.vllm.shared_factors`): shared-outer's quarter of the per-expert slot memory becomes about
+    1/E of it. Only for an adapter whose experts share every factor (``share_expert_adapters``); any other is refused.
 
 :func:`arrange` builds a layout from the manifest's alias structure (``NameIndex``: explicit names and expert-index
 runs) without expanding the per-expert names. Torch only: the receiver calls it, no vLLM import; the layout
@@ -185,7 +185,7 @@ def _shared(
             if differs is not None:
                 raise LayoutError(
                     f"expert layout {layout}: {experts} expert {differs} has another {proj}.lora_{ab} than expert 0 "
-                    f"(the engine keeps one for all experts and would serve expert 0's); use per-expert or stacked-3d"
+                    "(the engine keeps one for all experts and would serve expert 0's); use per-expert or stacked-3d"
                 )
         one = (proj, ab) in SHARED_FACTORS
         out[f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"] = sent[row[0]].unsqueeze(0) if one else _stack(sent, row)

@@ -1,13 +1,14 @@
 """The shared-all expert layout inside vLLM: every routed-expert LoRA factor of a layer kept once, not per expert.
 
-vLLM's ``enable_moe_shared_loras`` (0.30-0.32) keeps a fused-MoE layer's gate/up ``lora_A`` and down ``lora_B`` slots
-at expert-dim 1 and hands its kernels a stride-0 view over the experts; gate/up ``lora_B`` and down ``lora_A`` keep
-a slot per expert, three quarters of the layer's slot bytes at rank 32 on GLM-5.3. For an adapter whose experts
-share those too (Megatron-Bridge's ``share_expert_adapters``), this patch keeps them the same way: ``[max_loras, 1,
-...]`` storage behind a stride-0 ``[max_loras, E, ...]`` view. vLLM's fused-MoE LoRA kernels index every factor by
-its strides, so they read expert 0's factor for every expert; vLLM writes a slot through its storage, where
-``_match_expert_dim`` already puts expert 0's factor of a per-expert source. The receiver refuses an adapter whose
-experts differ in any factor before it gets here (:mod:`skyrl_glm.sync.expert_layout`).
+vLLM's ``enable_moe_shared_loras`` (0.30-0.32) keeps a fused-MoE layer's gate/up ``lora_A`` and down ``lora_B``
+slots at expert-dim 1 and hands its kernels a stride-0 view over the experts; gate/up ``lora_B`` and down
+``lora_A`` keep a slot per expert, 99 % of what shared-outer leaves (a quarter of the per-expert bytes at rank 32
+on GLM-5.3). For an adapter whose experts share those too (Megatron-Bridge's ``share_expert_adapters``), this patch
+keeps them the same way: ``[max_loras, 1, ...]`` storage behind a stride-0 ``[max_loras, E, ...]`` view. vLLM's
+fused-MoE LoRA kernels index every factor by its strides, so they read expert 0's factor for every expert; vLLM
+writes a slot through its storage, where ``_match_expert_dim`` already puts expert 0's factor of a per-expert
+source. The receiver refuses an adapter whose experts differ in any factor before it gets here
+(:mod:`skyrl_glm.sync.expert_layout`).
 
 On only in an engine started with ``expert_layout.engine_arguments("shared-all")`` (its ``additional_config``),
 decided when each layer creates its slots; every other engine runs vLLM's code unchanged. An engine where the
