@@ -40,7 +40,9 @@ def configure(verbose: bool) -> None:
     """Logging for a ``skyrl-glm`` command: ours at WARNING (DEBUG with ``-v``), third parties as above."""
     for name, value in (VERBOSE if verbose else QUIET).items():
         os.environ.setdefault(name, value)
-    if not verbose:
+    if verbose:  # the engine log path is ours, not the user's: one a quiet parent set must not swallow -v's output
+        os.environ.pop(ENGINE_LOG_ENV, None)
+    else:
         engine_log = os.path.join(tempfile.gettempdir(), f"skyrl-glm-engine-{os.getpid()}.log")
         os.environ.setdefault(ENGINE_LOG_ENV, engine_log)
     logging.basicConfig(

@@ -106,6 +106,20 @@ patch.logger.info("Skipping GLM-5.3-Flash LoRA packing patch: No module named 't
 """
 
 
+def test_v_sends_the_engine_output_to_the_terminal_even_when_a_quiet_parent_set_its_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quiet command in this process (a test's in-process ``train``) leaves its engine-log path in the environment
+    that a ``-v`` child inherits; the child's engine must still write to the terminal."""
+    from skyrl_glm import quiet
+
+    env = {**os.environ, quiet.ENGINE_LOG_ENV: "/tmp/a-quiet-parents-engine.log"}
+    monkeypatch.setattr(os, "environ", env)  # what configure sets stays out of this process's environment
+    monkeypatch.setattr(quiet.logging, "basicConfig", lambda **_: None)  # and its logging as it is
+    quiet.configure(verbose=True)
+    assert quiet.ENGINE_LOG_ENV not in env
+
+
 @pytest.mark.parametrize("verbose", [False, True])
 def test_skyrl_notes_on_skipped_patches_show_with_v_only(verbose: bool) -> None:
     # The note the real patch logs when it skips (on the logger it uses), in a fresh interpreter: without -v
