@@ -15,7 +15,7 @@ from shm_receive import receive_over_shm
 
 from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
 from skyrl_glm.lora.bridge import adapter_config
-from skyrl_glm.sync.aliases import AliasRun, runs_of
+from skyrl_glm.sync.aliases import AliasRun, cover
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
@@ -29,19 +29,19 @@ def test_runs_cover_expert_ranges_and_leave_the_rest_explicit():
         f"{E}9.gate_proj.lora_A.weight",
         "base_model.model.model.layers.3.mlp.shared_experts.up_proj.lora_A.weight",
     ]
-    runs, explicit = runs_of(names[0], names)
+    runs, lone = cover(names, [len(names)], [names[0]])  # one sent tensor's names
     assert runs == [
         AliasRun(E, 0, 8, ".gate_proj.lora_A.weight", names[0]),
         AliasRun(E, 0, 8, ".up_proj.lora_A.weight", names[0]),
     ]
-    assert explicit == names[16:]
+    assert [n for n, _ in lone] == names[16:]
 
 
 def test_runs_never_claim_a_name_out_of_order():
     # expert 2 missing, 5 before 4: the probe finds candidates, the joined comparison keeps only exact runs
     names = [f"{E}{e}.down_proj.lora_B.weight" for e in (0, 1, 3, 5, 4, 6, 7, 8)]
-    runs, explicit = runs_of(names[0], names)
-    rebuilt = [n for r in runs for n in r.names()] + explicit + [names[0]]
+    runs, lone = cover(names, [len(names)], [names[0]])
+    rebuilt = [n for r in runs for n in r.names()] + [n for n, _ in lone]
     assert sorted(rebuilt) == sorted(names)  # every name exactly once
     assert [(r.start, r.stop) for r in runs] == [(6, 9)]
 

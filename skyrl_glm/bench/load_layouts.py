@@ -218,7 +218,8 @@ def end_to_end(report: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
     its few-ms jitter (measured on one H200: medians -10 to +9 ms, fits -93 to +249 ms)."""
     paths = sync["paths"]
 
-    def fit(layout: str, stage: str) -> float | None:
+    def at_75(layout: str, stage: str) -> float | None:
+        """The stage at 75 layers: its fit, the activation's median; None where the layout's engine did not run."""
         r = report["layouts"].get(layout, {})
         if "fit_75" not in r:
             return None
@@ -230,17 +231,17 @@ def end_to_end(report: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
     sender = ours["total_s"] - sum(ours["stages_s"].get(k) or 0.0 for k in SYNC_RECEIVER_STAGES)
     rows = {}
     for layout in report["layouts"]:
-        if (load := fit(layout, "load_s")) is not None:
+        if (load := at_75(layout, "load_s")) is not None:
             rows[f"skyrl-glm, {layout}"] = {
                 "sync_sender_s": sender,
-                "receive_s": fit(layout, "receive_s"),
-                "load_and_activation_s": load + fit(layout, "activation_s"),
+                "receive_s": at_75(layout, "receive_s"),
+                "load_and_activation_s": load + at_75(layout, "activation_s"),
             }
-    if (load := fit("per-expert", "load_s")) is not None and "skyrl" in paths:
+    if (load := at_75("per-expert", "load_s")) is not None and "skyrl" in paths:
         rows["SkyRL 0.4.0 memory path, per-expert"] = {
             "sync_sender_s": paths["skyrl"]["total_s"],
             "receive_s": None,  # inside its sync
-            "load_and_activation_s": load + fit("per-expert", "activation_s"),
+            "load_and_activation_s": load + at_75("per-expert", "activation_s"),
         }
     for row in rows.values():
         row["total_s"] = row["sync_sender_s"] + (row["receive_s"] or 0.0) + row["load_and_activation_s"]

@@ -113,13 +113,6 @@ def split_index(name: str, last: bool = True) -> list[tuple[str, int, str]]:
     return out[::-1] if last else out
 
 
-def runs_of(sent: str, names: Sequence[str], min_run: int = 3) -> tuple[list[AliasRun], list[str]]:
-    """Cover ``names`` (one sent tensor's public names, stream order) with runs of at least ``min_run`` names;
-    returns the runs and the names left explicit (see :func:`cover`)."""
-    runs, lone = cover(names, [len(names)], [sent], min_run)
-    return runs, [x for x, _ in lone if x != sent]
-
-
 def cover(
     names: Sequence[str], ends: Sequence[int], sents: Sequence[str], min_run: int = 3
 ) -> tuple[list[AliasRun], list[tuple[str, str]]]:

@@ -17,7 +17,7 @@ patch did not take serves the same tensors correctly as shared-outer, only with 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,44 +56,45 @@ def _engine_asks() -> bool:
     return config is not None and layout_of(config) == SHARED_ALL
 
 
+def _collapsing(create: Callable[..., None], slots: str) -> Callable[..., None]:
+    """``create`` (one of vLLM's slot-creating methods), then, in a shared-all layer, its ``slots`` collapsed: before
+    ``create_lora_weights`` takes per-expert views of them."""
+
+    def created(self: Any, *args: Any, **kwargs: Any) -> None:
+        create(self, *args, **kwargs)
+        if getattr(self, _ON, False):
+            setattr(self, slots, _collapse(getattr(self, slots)))
+
+    return created
+
+
+def _through_storage(write: Callable[..., None]) -> Callable[..., None]:
+    """``write`` (``set_lora`` or ``reset_lora``), in a shared-all layer with its collapsed slots as their storage."""
+
+    def written(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not getattr(self, _ON, False):
+            return write(self, *args, **kwargs)
+        with _storage_in_place(self):
+            return write(self, *args, **kwargs)
+
+    return written
+
+
 def install() -> None:
     """Wrap ``FusedMoEWithLoRA``'s slot creation and writes (once per process; vLLM's general plugin calls it)."""
     from vllm.lora.layers.fused_moe import FusedMoEWithLoRA as Layer
 
     if hasattr(Layer, _ON):
         return
-    create, create_a, create_b = Layer.create_lora_weights, Layer._create_lora_a_weights, Layer._create_lora_b_weights
-    set_lora, reset_lora = Layer.set_lora, Layer.reset_lora
+    create = Layer.create_lora_weights
 
     def create_lora_weights(self: Any, max_loras: int, lora_config: Any, *args: Any, **kwargs: Any) -> None:
         setattr(self, _ON, bool(lora_config.enable_moe_shared_loras) and _engine_asks())
         create(self, max_loras, lora_config, *args, **kwargs)
 
-    def _create_lora_a_weights(self: Any, *args: Any, **kwargs: Any) -> None:
-        create_a(self, *args, **kwargs)
-        if getattr(self, _ON, False):  # before create_lora_weights takes per-expert views of the slots
-            setattr(self, _A_SLOTS, _collapse(getattr(self, _A_SLOTS)))
-
-    def _create_lora_b_weights(self: Any, *args: Any, **kwargs: Any) -> None:
-        create_b(self, *args, **kwargs)
-        if getattr(self, _ON, False):
-            setattr(self, _B_SLOTS, _collapse(getattr(self, _B_SLOTS)))
-
-    def set_lora_shared(self: Any, *args: Any, **kwargs: Any) -> None:
-        if not getattr(self, _ON, False):
-            return set_lora(self, *args, **kwargs)
-        with _storage_in_place(self):
-            return set_lora(self, *args, **kwargs)
-
-    def reset_lora_shared(self: Any, index: int) -> None:
-        if not getattr(self, _ON, False):
-            return reset_lora(self, index)
-        with _storage_in_place(self):
-            return reset_lora(self, index)
-
     Layer.create_lora_weights = create_lora_weights
-    Layer._create_lora_a_weights = _create_lora_a_weights
-    Layer._create_lora_b_weights = _create_lora_b_weights
-    Layer.set_lora = set_lora_shared
-    Layer.reset_lora = reset_lora_shared
+    Layer._create_lora_a_weights = _collapsing(Layer._create_lora_a_weights, _A_SLOTS)
+    Layer._create_lora_b_weights = _collapsing(Layer._create_lora_b_weights, _B_SLOTS)
+    Layer.set_lora = _through_storage(Layer.set_lora)
+    Layer.reset_lora = _through_storage(Layer.reset_lora)
     setattr(Layer, _ON, None)
