@@ -74,6 +74,11 @@ def test_a_shared_layout_is_accepted_for_megatron_with_shared_expert_adapters(la
         (TINY, "skyrl_glm.sync.expert_layout=shared-all", "only Megatron with"),
         (
             GLM53,
+            "skyrl_glm.sync.expert_layout=shared-all generator.inference_engine.engine_init_kwargs.additional_config=5",
+            "engine_init_kwargs: additional_config must be a mapping",
+        ),
+        (
+            GLM53,
             "skyrl_glm.sync.expert_layout=shared-outer trainer.policy.model.lora.share_expert_adapters=false",
             "share_expert_adapters=true trains such an adapter",
         ),

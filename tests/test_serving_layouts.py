@@ -287,5 +287,7 @@ def test_shared_all_is_shared_outer_with_an_additional_config_entry_merged_into_
     assert layouts.layout_of(types.SimpleNamespace(lora_config=off, additional_config=args["additional_config"])) == (
         layouts.PER_EXPERT
     )
+    with pytest.raises(layouts.LayoutError, match="additional_config must be a mapping .* got int"):
+        layouts.engine_arguments(layouts.SHARED_ALL, {"additional_config": 5})
     layer = fused_moe_layer(shared=True, layout=layouts.SHARED_OUTER)  # the plugin's patch is off there
     assert layer.w13_lora_b_stacked[0].stride(1) != 0

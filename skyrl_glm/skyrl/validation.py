@@ -19,7 +19,7 @@ from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.config import ConfigError, GlmSection, GlmTrainConfig, resolved_transport
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.skyrl.value_ranges import range_problem
-from skyrl_glm.sync.expert_layout import PER_EXPERT, STACKED_3D
+from skyrl_glm.sync.expert_layout import PER_EXPERT, STACKED_3D, LayoutError, engine_arguments
 
 if TYPE_CHECKING:
     from skyrl.train.config import DataConfig, TrainerConfig
@@ -105,6 +105,11 @@ def validate(cfg: GlmTrainConfig) -> None:
     from skyrl.train.utils import validate_cfg
 
     check_consistency(cfg.skyrl_glm, cfg.trainer)
+    if cfg.skyrl_glm.sync.mode == "memory":  # the layout's engine arguments join the user's (experiment.py)
+        try:
+            engine_arguments(cfg.skyrl_glm.sync.expert_layout, cfg.generator.inference_engine.engine_init_kwargs)
+        except LayoutError as e:
+            raise ConfigError(f"generator.inference_engine.engine_init_kwargs: {e}") from None
     if problem := range_problem(cfg):  # SkyRL values it takes at any value (counts, sampling, engine arguments)
         raise ConfigError(problem)
     if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer

@@ -77,7 +77,13 @@ def engine_arguments(layout: str, engine: Mapping[str, Any] | None = None) -> di
     flag_layout = SHARED_OUTER if layout == SHARED_ALL else layout
     out: dict[str, Any] = {flag: owner == flag_layout for owner, flag in ENGINE_FLAGS.items()}
     if layout == SHARED_ALL:
-        out["additional_config"] = {**((engine or {}).get("additional_config") or {}), ADDITIONAL_CONFIG_KEY: layout}
+        theirs = (engine or {}).get("additional_config") or {}
+        if not isinstance(theirs, Mapping):
+            raise LayoutError(
+                f"additional_config must be a mapping (vLLM's config for plugins; {SHARED_ALL} adds its entry there), "
+                f"got {type(theirs).__name__}"
+            )
+        out["additional_config"] = {**theirs, ADDITIONAL_CONFIG_KEY: layout}
     return out
 
 
