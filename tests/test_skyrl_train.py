@@ -101,6 +101,7 @@ def assert_quiet_with_outputs_named(proc: subprocess.CompletedProcess[str], tmp:
 def assert_trained_and_checked(summary: dict[str, Any], mode: str, steps: int = 2) -> None:
     assert summary["sync_mode"] == mode
     assert summary["expert_layout"] == "per-expert"  # the recipe's, set as the engines' argument
+    assert "q_proj" in summary["run"]["targets"]  # the LoRA targets the run trained, as its recipe gives them
     # one sync before step 1, one after each step
     assert [s["step"] for s in summary["syncs"]] == list(range(steps + 1)), summary["syncs"]
     assert summary["check"]["passed"], summary["check"]

@@ -194,6 +194,7 @@ def run_layout_bench(
         "rounds": rounds,
         "warmup": warmup,
         "max_loras": 2,
+        "targets": adapters[engine_layers][1],
         "layouts": results,
         **provenance(),
     }

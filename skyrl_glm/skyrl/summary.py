@@ -77,7 +77,7 @@ class RunSummary:
     agree: list[AgreeRecord] = field(default_factory=list)
     mismatch: list[dict[str, Any]] = field(default_factory=list)  # per step: SkyRL's metric name -> value
     steps: list[StepRecord] = field(default_factory=list)
-    run: dict[str, Any] = field(default_factory=dict)  # what the run was asked for: fault, check on or off
+    run: dict[str, Any] = field(default_factory=dict)  # what the run was asked for: fault, check on or off, targets
 
     def mean_sync_seconds(self) -> float:
         return sum(s.seconds for s in self.syncs) / max(len(self.syncs), 1)

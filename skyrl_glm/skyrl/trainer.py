@@ -84,8 +84,15 @@ class GlmPPOTrainer(RayPPOTrainer):
         self._glm_syncs = 0
         glm = self.cfg.skyrl_glm
         checked = glm.check.before_training or glm.check.every_n_syncs > 0
+        targets = self.cfg.trainer.policy.model.lora.target_modules  # a list, or one of PEFT's names ("all-linear")
         self.summary = RunSummary(
-            glm.sync.mode, glm.sync.expert_layout, run={"fault": glm.sync.fault, "check": checked}
+            glm.sync.mode,
+            glm.sync.expert_layout,
+            run={
+                "fault": glm.sync.fault,
+                "check": checked,
+                "targets": targets if isinstance(targets, str) else list(targets),
+            },
         )
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
         check = " and the handoff check" if self.cfg.skyrl_glm.check.before_training else ""
