@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from skyrl_glm.models.glm5 import ROUTER
+from skyrl_glm.models.glm5 import CHECKPOINT_DEFAULTS
 from skyrl_glm.models.tiny import make_tiny
 from skyrl_glm.plugins import registry
 from skyrl_glm.usage import UsageError
@@ -18,7 +18,7 @@ GLM5 = registry().model("glm-5.3")
 
 def test_tiny_glm5_is_served_with_glm_routing_and_a_deepgemm_indexer(tmp_path) -> None:
     config = json.loads((make_tiny(GLM5, tmp_path / "m") / "config.json").read_text())
-    assert {k: config[k] for k in ROUTER} == ROUTER
+    assert {k: config[k] for k in CHECKPOINT_DEFAULTS} == CHECKPOINT_DEFAULTS
     # vLLM 0.30's DeepGEMM indexer asserts 32 or 64 heads at the engine's first forward (16 passed on 0.26)
     assert config["index_n_heads"] in (32, 64)
 
@@ -29,9 +29,34 @@ def test_router_fields_supplied_on_gpu_only_where_missing(tmp_path) -> None:
     path = model / "config.json"
     config = json.loads(path.read_text())
     del config["topk_method"]
+    del config["indexer_rope_interleave"]  # HF ropes the indexer interleaved; vLLM's default is the half split
     config["scoring_func"] = "softmax"  # HF routes with sigmoid whatever the file says: vLLM must too
     path.write_text(json.dumps(config))
-    assert GLM5.sampler_overrides(model, device="cuda", max_model_len=None) == {"hf_overrides": ROUTER}
+    assert GLM5.sampler_overrides(model, device="cuda", max_model_len=None) == {"hf_overrides": CHECKPOINT_DEFAULTS}
+
+
+def test_a_checkpoint_without_the_indexer_rope_field_reads_the_modeling_value(tmp_path) -> None:
+    """Megatron-Bridge's GLM-5 bridge reads ``indexer_rope_interleave`` bare: a checkpoint saved by transformers
+    lacks it. Supplied, it reads True (what HF's modeling does); a checkpoint's own value still wins."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    config_class = CONFIG_MAPPING[GLM5.hf_model_type]
+    shipped = set(vars(config_class))
+    model = make_tiny(GLM5, tmp_path / "m")
+    path = model / "config.json"
+    config = json.loads(path.read_text())
+    del config["indexer_rope_interleave"]
+    path.write_text(json.dumps(config))
+    assert not hasattr(AutoConfig.from_pretrained(model), "indexer_rope_interleave")
+    try:
+        GLM5.supply_defaults()
+        assert AutoConfig.from_pretrained(model).indexer_rope_interleave is True
+        config["indexer_rope_interleave"] = False
+        path.write_text(json.dumps(config))
+        assert AutoConfig.from_pretrained(model).indexer_rope_interleave is False
+    finally:  # the class as transformers ships it, for the tests after this one
+        for name in set(vars(config_class)) - shipped:
+            delattr(config_class, name)
 
 
 def test_flashinfer_absent_turns_off_its_sampler(monkeypatch) -> None:

@@ -209,6 +209,11 @@ class LoraPolicy:
         return out
 
 
+def missing_fields(config: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``wanted`` that ``config`` lacks or sets to another value."""
+    return {k: v for k, v in wanted.items() if config.get(k) != v}
+
+
 @dataclass(frozen=True)
 class ModelFamily:
     """A model adapter.
@@ -220,6 +225,9 @@ class ModelFamily:
     ``vllm_architecture``: the model class vLLM serves it as (an older vLLM without it is refused in one line).
     ``hf_auto_class``: the transformers auto class that loads its checkpoints; ``lora_exclude``: a regex of modules
     no adapter touches (PEFT's ``exclude_modules``: a vision tower whose MLP names match the text targets).
+    ``checkpoint_defaults``: config fields published checkpoints carry and transformers' config class may not write,
+    with the value transformers' modeling code hard-codes; vLLM and Megatron-Bridge read them from the config, so a
+    checkpoint without them gets them (:meth:`missing_defaults`, :meth:`supply_defaults`).
     """
 
     name: str
@@ -236,6 +244,7 @@ class ModelFamily:
     vllm_architecture: str | None = None
     hf_auto_class: str = "AutoModelForCausalLM"
     lora_exclude: str | None = None
+    checkpoint_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def config(self, which: str) -> Any:
         """The ``"tiny"`` or ``"full"`` config; a family without a full config says so."""
@@ -246,6 +255,24 @@ class ModelFamily:
         if self.full_config is None:
             raise UsageError(f"model family {self.name!r} has no full-size config; use --tiny for its tiny one")
         return self.full_config()
+
+    def missing_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The :attr:`checkpoint_defaults` a ``config.json`` (as read) lacks or sets otherwise."""
+        return missing_fields(config, self.checkpoint_defaults)
+
+    def supply_defaults(self) -> None:
+        """Make :attr:`checkpoint_defaults` the class-level values of transformers' config class for this
+        architecture, in this process: a checkpoint's own value (an instance attribute) still wins, and a
+        checkpoint without the field reads the value transformers' modeling uses instead of failing inside a
+        reader that expects it (Megatron-Bridge's GLM-5 bridge reads ``indexer_rope_interleave`` bare)."""
+        if not self.checkpoint_defaults:
+            return
+        from transformers import CONFIG_MAPPING
+
+        config_class = CONFIG_MAPPING[self.hf_model_type]
+        for name, value in self.checkpoint_defaults.items():
+            if name not in vars(config_class):
+                setattr(config_class, name, value)
 
     def build_model(self, config: Any) -> Any:
         if self.model_class is not None:

@@ -6,9 +6,6 @@ only supplies facts, LoRA targets and tiny checkpoints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from skyrl_glm.checkpoint import read_config
 from skyrl_glm.models.base import LoraPolicy, ModelFamily
 from skyrl_glm.models.targets import KV_B_DSA_PATCHED, dsa_indexer, mla_attention, moe_mlp
@@ -36,15 +33,15 @@ FACTS = {
 }
 
 
-# HF's GlmMoeDsa routes with sigmoid scores plus e_score_correction_bias (noaux_tc) whatever its config says; vLLM's
-# DeepSeek-V2 MoE reads both from the config and defaults to softmax without the bias. Published GLM-5 configs carry
-# them; transformers' GlmMoeDsaConfig does not write them, so a checkpoint saved from it lacks them.
+# Config fields HF's GlmMoeDsa modeling hard-codes but vLLM and Megatron-Bridge read from the config (published GLM-5
+# configs carry them; transformers' GlmMoeDsaConfig does not write them, so a checkpoint saved from it lacks them):
+# - the router: HF routes with sigmoid scores plus e_score_correction_bias (noaux_tc); vLLM's DeepSeek-V2 MoE
+#   defaults to softmax without the bias;
+# - the DSA indexer's RoPE: HF ropes it interleaved (modeling_glm_moe_dsa); vLLM reads indexer_rope_interleave and
+#   defaults to the half-split (neox) layout, Megatron-Bridge 0.6.2's GLM-5 bridge reads it with no default.
 ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
-
-
-def missing_router_fields(config: Mapping[str, Any]) -> dict[str, str]:
-    """The :data:`ROUTER` fields a config (``config.json`` as read) lacks or sets otherwise."""
-    return {k: v for k, v in ROUTER.items() if config.get(k) != v}
+INDEXER = {"indexer_rope_interleave": True}
+CHECKPOINT_DEFAULTS = {**ROUTER, **INDEXER}
 
 
 def full_config():
@@ -78,15 +75,15 @@ def tiny_config():
         index_head_dim=128,  # >= qk_rope_head_dim (the indexer ropes its first 64 dims)
         index_n_heads=32,  # the GPU indexer (DeepGEMM): 16, 32 or 64 heads on vLLM 0.26, only 32 or 64 on vLLM 0.30
         max_position_embeddings=512,
-        **ROUTER,
+        **CHECKPOINT_DEFAULTS,
     )
 
 
 def sampler_overrides(model_dir, *, device: str, max_model_len: int | None) -> dict:
-    """On GPU, the router fields the checkpoint lacks (:data:`ROUTER`); on vLLM CPU, serve the checkpoint as
+    """On GPU, the fields the checkpoint lacks (:data:`CHECKPOINT_DEFAULTS`); on vLLM CPU, serve the checkpoint as
     dense MLA (exact while ``max_model_len <= index_topk``)."""
     if device != "cpu":
-        missing = missing_router_fields(read_config(model_dir))
+        missing = FAMILY.missing_defaults(read_config(model_dir))
         return {"hf_overrides": missing} if missing else {}
     from transformers import AutoConfig
 
@@ -111,4 +108,5 @@ FAMILY = ModelFamily(
     full_config=full_config,
     vllm_cpu_dtype="bfloat16",  # MLA on vLLM CPU runs in bf16 only
     sampler_overrides=sampler_overrides,
+    checkpoint_defaults=CHECKPOINT_DEFAULTS,
 )

@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from skyrl_glm.checkpoint import read_config
-from skyrl_glm.models.base import LoraPolicy, LoraTarget, ModelFamily
-from skyrl_glm.models.glm5 import ROUTER, missing_router_fields
+from skyrl_glm.models.base import LoraPolicy, LoraTarget, ModelFamily, missing_fields
+from skyrl_glm.models.glm5 import ROUTER
 from skyrl_glm.models.targets import dsa_indexer, mla_attention, moe_mlp
 
 FACTS = {
@@ -105,7 +105,7 @@ def sampler_overrides(model_dir, *, device: str, max_model_len: int | None) -> d
     """No image or video inputs, and the router fields the checkpoint's text config lacks (nested: vLLM updates
     the text config in place)."""
     text = read_config(model_dir).get("text_config") or {}
-    missing = missing_router_fields(text)
+    missing = missing_fields(text, ROUTER)
     return {
         "limit_mm_per_prompt": dict(NO_MULTIMODAL),
         **({"hf_overrides": {"text_config": missing}} if missing else {}),
