@@ -80,3 +80,20 @@ def test_the_root_cause_behind_ray_wrappers_is_reported(capsys):
         "skyrl-glm train: failed: RuntimeError: skyrl-glm LoRA sync of version 3 failed: update rejected: "
         "checksum mismatch on 'x' (log: /logs)\n"
     )
+
+
+def test_a_megatron_run_without_its_stack_names_what_is_missing_before_ray_starts(tmp_path, glm45_dir, monkeypatch):
+    """SkyRL's Megatron worker imports Transformer Engine and Megatron-Bridge inside a Ray actor, minutes in: the
+    command checks them first. In process, with a module no machine has standing in for a missing package, so the
+    test holds on a machine with the Megatron stack too."""
+    from skyrl_glm.skyrl import trainer_stack
+    from skyrl_glm.skyrl.run import run_command
+
+    monkeypatch.setattr(trainer_stack, "MEGATRON_STACK", (*trainer_stack.MEGATRON_STACK, ("no_such_te", "te-x")))
+    paths = [f"trainer.{key}={tmp_path / key}" for key in ("export_path", "ckpt_path", "log_path")]
+    code = run_command(["tiny_gpu_megatron", f"trainer.policy.model.path={glm45_dir}", *paths])
+    assert code == 2
+    assert not (tmp_path / "log_path").exists()  # no run log: nothing started
+    problem = trainer_stack.trainer_stack_problem("megatron")
+    assert problem is not None and problem.startswith("trainer.strategy: megatron needs ") and "te-x" in problem
+    assert trainer_stack.trainer_stack_problem("fsdp") is None

@@ -140,6 +140,22 @@ def _peak_bytes(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device)
 
 
+class CheckpointDefaults:
+    """Mixed in before each SkyRL Megatron worker: the model family's config defaults are supplied in the worker's
+    process before Megatron-Bridge reads the checkpoint's config (a GLM-5.3 checkpoint saved by transformers lacks
+    ``indexer_rope_interleave``, which Bridge's GLM-5 bridge reads bare: :meth:`ModelFamily.supply_defaults`)."""
+
+    def init_model(self, model_path: str, *args: Any, **kwargs: Any) -> Any:
+        from skyrl_glm.checkpoint import read_config
+        from skyrl_glm.plugins import registry
+
+        model_type = read_config(model_path).get("model_type")
+        family = next((f for f in registry().models.values() if f.hf_model_type == model_type), None)
+        if family is not None:
+            family.supply_defaults()
+        return super().init_model(model_path, *args, **kwargs)  # type: ignore[misc]
+
+
 class MegatronGlmSync(GlmSyncMixin):
     """The Megatron half of the sync, mixed in before SkyRL's ``MegatronPolicyWorkerBase``."""
 
@@ -195,9 +211,15 @@ def megatron_workers() -> tuple[Any, Any, Any]:
     import ray
     from skyrl.backends.skyrl_train.workers.megatron import megatron_worker
 
-    policy = type(
-        "MegatronPolicyWorkerBase",
-        (MegatronGlmSync, megatron_worker.MegatronPolicyWorkerBase),
-        {"__module__": __name__, "__doc__": "SkyRL's Megatron policy worker with skyrl-glm's in-memory LoRA sync."},
+    def with_defaults(base: Any, *mixins: Any, doc: str) -> Any:
+        body = {"__module__": __name__, "__doc__": doc}
+        return type(base.__name__, (*mixins, CheckpointDefaults, base), body)
+
+    policy = with_defaults(
+        megatron_worker.MegatronPolicyWorkerBase,
+        MegatronGlmSync,
+        doc="SkyRL's Megatron policy worker with skyrl-glm's in-memory LoRA sync.",
     )
-    return ray.remote(num_gpus=1)(policy), megatron_worker.CriticWorker, megatron_worker.RefWorker
+    ref = with_defaults(megatron_worker.MegatronRefWorkerBase, doc="SkyRL's Megatron reference worker.")
+    critic = with_defaults(megatron_worker.MegatronCriticWorkerBase, doc="SkyRL's Megatron critic worker.")
+    return ray.remote(num_gpus=1)(policy), ray.remote(num_gpus=1)(critic), ray.remote(num_gpus=1)(ref)

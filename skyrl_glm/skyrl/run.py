@@ -291,6 +291,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
     from skyrl_glm.skyrl.hardware import visible_gpu_problem
     from skyrl_glm.skyrl.key_placement import key_problem
     from skyrl_glm.skyrl.run_log import log_to_stderr
+    from skyrl_glm.skyrl.trainer_stack import trainer_stack_problem
     from skyrl_glm.skyrl.validation import missing_data
     from skyrl_glm.usage import PROG, print_error
 
@@ -300,6 +301,8 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         from skyrl.train.utils import validate_cfg
 
         validate_cfg(cfg)
+        if problem := trainer_stack_problem(cfg.trainer.strategy):
+            raise ConfigError(problem)
         if problem := missing_data(cfg.data) or key_problem(cfg.trainer, cfg.generator.inference_engine):
             raise ConfigError(problem)
         if not os.environ.get("RAY_ADDRESS") and (problem := visible_gpu_problem(cfg)):

@@ -92,6 +92,9 @@ class GlmPPOTrainer(RayPPOTrainer):
                 "fault": glm.sync.fault,
                 "check": checked,
                 "targets": targets if isinstance(targets, str) else list(targets),
+                "strategy": self.cfg.trainer.strategy,
+                # what SkyRL's own sync does where skyrl-glm's is off (mode=disk): its files, or its memory mode
+                "skyrl_lora_sync_mode": self.cfg.trainer.policy.model.lora.sync_mode,
             },
         )
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method

@@ -9,6 +9,7 @@ worker only sees ``cfg.trainer``. Nothing here imports SkyRL's worker modules (t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -102,9 +103,7 @@ class GlmSyncMixin:
         self, inference_engine_client: Any, inference_engine_cfg: InferenceEngineConfig, model_id: str | None = None
     ) -> None:
         if not self._glm_memory_sync():
-            return await super().broadcast_to_inference_engines(  # type: ignore[misc]
-                inference_engine_client, inference_engine_cfg, model_id
-            )
+            return await self._skyrl_sync(inference_engine_client, inference_engine_cfg, model_id)
         client = inference_engine_client or self._weight_sync_inference_client
         cache_reset = self._reset_prefix_cache_task(client, inference_engine_cfg)  # type: ignore[attr-defined]
         lora_name, _ = self._resolve_lora_sync_target(model_id)  # type: ignore[attr-defined]
@@ -115,6 +114,20 @@ class GlmSyncMixin:
 
     def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
         raise NotImplementedError
+
+    async def _skyrl_sync(self, client: Any, inference_engine_cfg: InferenceEngineConfig, model_id: str | None) -> None:
+        """SkyRL's own sync (``skyrl_glm.sync.mode=disk``: its file sync, or its ``lora.sync_mode=memory``), timed
+        on rank 0 where the strategy does not time its stages itself, so both syncs have per-step figures."""
+        before, t0 = self._glm_version, time.perf_counter()
+        await super().broadcast_to_inference_engines(client, inference_engine_cfg, model_id)  # type: ignore[misc]
+        if torch.distributed.get_rank() == 0 and self._glm_version == before:
+            self._glm_version += 1
+            self._glm_last = {
+                "ok": True,
+                "version": self._glm_version,
+                "transport": f"skyrl-{self.cfg.policy.model.lora.sync_mode}",  # type: ignore[attr-defined]
+                "total_s": time.perf_counter() - t0,
+            }
 
     async def _glm_publish(self, client: Any, lora_name: str) -> None:
         """One in-memory sync of the live adapter (all ranks; rank 0 publishes). A failure is raised only after
