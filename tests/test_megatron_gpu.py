@@ -63,6 +63,7 @@ def _megatron(model_dir, family):
         setattr(provider, f"{key}_model_parallel_size" if key != "context" else "context_parallel_size", 1)
     provider.expert_tensor_parallel_size = 1
     provider.gradient_accumulation_fusion = False  # as SkyRL sets it (no APEX fused wgrad)
+    provider.moe_token_dispatcher_type = "alltoall"  # SkyRL's default (Bridge's flex dispatcher needs DeepEP)
     provider.mtp_num_layers = None
     provider.finalize()
     lora = LoRA(target_modules=TARGETS, dim=RANK, alpha=ALPHA, lora_B_init_method="zero", share_expert_adapters=True)
