@@ -67,7 +67,8 @@ def _megatron(model_dir, family):
     provider.mtp_num_layers = None
     provider.finalize()
     lora = LoRA(target_modules=TARGETS, dim=RANK, alpha=ALPHA, lora_B_init_method="zero", share_expert_adapters=True)
-    model = provider.provide_distributed_model(wrap_with_ddp=False, bf16=True, pre_wrap_hook=[lambda m: lora(m)])
+    provider.register_pre_wrap_hook(lambda m: lora(m))  # after the provider's own hook, which loads the weights
+    model = provider.provide_distributed_model(wrap_with_ddp=False, bf16=True)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model[0].named_parameters():
