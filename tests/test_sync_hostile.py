@@ -581,3 +581,31 @@ def test_commit_keeps_only_listed_names_this_worker_staged(worker):
     with pytest.raises(ControlRefused, match="keep must list names this worker staged"):
         worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2", "not-mine@v1"])))
     assert worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2"]))) == ["p@v2"]
+
+
+def test_a_second_publisher_of_a_staged_version_is_refused_and_the_first_stays_staged(worker, monkeypatch):
+    """Two signed publishers send version 2: the first is staged, the second refused with the reason (it used to be
+    staged too, silently replacing the first's tensors under the same name); an older one is refused as well."""
+    from skyrl_glm.sync.vllm import worker as worker_module
+
+    staged: list[str] = []
+    real = worker_module.stage_in_memory_adapter
+    monkeypatch.setattr(
+        worker_module, "stage_in_memory_adapter", lambda name, *a: staged.append(name) or real(name, *a)
+    )
+    _signed_receive(worker, 2)
+    tx = SharedMemoryTransport()
+    reasons = []
+    for version in (2, 1):
+        other = plan(version=version, tensors={k: v + 1 for k, v in adapter().items()})
+        try:
+            args = (other.manifest.to_json(), tx.prepare(other), "cpu")
+            answer = worker.skyrl_glm_receive(*signed("skyrl_glm_receive", args))
+        finally:
+            tx.release()
+        assert not answer["ok"], answer
+        reasons.append(answer["reason"])
+    assert "version 2 of 'p' is not newer than version 2 already staged here" in reasons[0], reasons
+    assert "version 1 is not newer than the serving version 1" in reasons[1], reasons
+    assert staged == ["p@v2"], staged
+    assert worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2"]))) == ["p@v2"]
