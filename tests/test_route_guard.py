@@ -29,10 +29,16 @@ def build_vllm_app() -> Any:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
     except ImportError:  # vLLM 0.30
         from vllm.entrypoints.openai.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # an older layout
+        from vllm.utils import FlexibleArgumentParser
 
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "tiny", "--enable-lora"])
-    return api_server.build_app(args, ("generate",))
+    try:
+        return api_server.build_app(args, ("generate",))
+    except TypeError:  # a build_app that takes the arguments alone
+        return api_server.build_app(args)
 
 
 class Recorder:
@@ -111,6 +117,15 @@ def test_every_route_of_vllms_app_is_open_or_refused_unsigned(app):
         refused.append((method, path))
     assert not [r for r in inner.seen if r in refused], inner.seen
     assert len(refused) >= 30, refused  # the dev, RL, LoRA, SageMaker, scaling routes
+
+
+@pytest.mark.gpu
+def test_every_route_of_vllm_030s_app_is_open_or_refused_unsigned(app):
+    """The same enumeration on the vLLM users install with SkyRL 0.4.0 (its GPU build)."""
+    import vllm
+
+    assert vllm.__version__.startswith("0.30."), vllm.__version__
+    test_every_route_of_vllms_app_is_open_or_refused_unsigned(app)
 
 
 def test_a_route_added_later_is_guarded_by_default(app):
