@@ -61,6 +61,16 @@ SEAMS: tuple[Seam, ...] = (
         "the middlewares a session runs on every request: SkyRL's generate client opens its own sessions, so its "
         "requests are signed by adding one to each session it opens",
     ),
+    # -- Starlette: the path a request is routed by ------------------------------------------------------
+    Seam(
+        "starlette._utils",
+        "get_route_path",
+        "attribute",
+        "starlette 1.10.0",
+        "skyrl_glm/sync/vllm/route_guard.py",
+        "the route guard reads a request's path exactly as the router does (root path taken off), so a request it "
+        "lets pass unsigned is routed to the open route it was checked against",
+    ),
     # -- SkyRL: the inference client and the policy workers ---------------------------------------------
     Seam(
         "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
@@ -293,8 +303,8 @@ SEAMS: tuple[Seam, ...] = (
         "patched",
         "fastapi 0.136.3",
         "skyrl_glm/sync/vllm/route_guard.py",
-        "in every vLLM server process (the vLLM plugin): the control routes refuse a request without the run's "
-        "signature before vLLM's handler runs",
+        "in every vLLM server process (the vLLM plugin): every route outside the open data plane refuses a request "
+        "without the run's signature before vLLM's handler runs",
     ),
     Seam(
         "vllm.model_executor.layers.fused_moe.config:FusedMoEConfig",

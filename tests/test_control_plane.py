@@ -42,10 +42,14 @@ def _free_port() -> int:
 
 
 def _post(
-    url: str, body: dict[str, Any] | None, timeout: float = 120, headers: dict[str, str] | None = None
+    url: str,
+    body: dict[str, Any] | None,
+    timeout: float = 120,
+    headers: dict[str, str] | None = None,
+    method: str = "POST",
 ) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json", **(headers or {})}, method="POST")
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json", **(headers or {})}, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             text = resp.read().decode()
@@ -55,6 +59,9 @@ def _post(
         return resp.status, json.loads(text) if text else None
     except ValueError:
         return resp.status, text
+
+
+SERVER_LOG: list[Path] = []  # the server's log file (stdout and stderr)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +88,7 @@ def server(glm45_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     cmd += ["--gpu-memory-utilization", "0.2", "--worker-extension-cls", WORKER_EXTENSION]
     cmd += ["--dtype", engine["dtype"], "--lora-target-modules", *engine["lora_target_modules"]]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    SERVER_LOG.append(Path(log.name))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -267,11 +275,12 @@ def test_a_signed_request_is_accepted_once_and_only_as_signed(server):
     other = {**body, "method": "skyrl_glm_discard"}  # its signature on another body
     status, answer = _post(f"{server}{path}", other, headers=route_guard.signed_headers("POST", path, data))
     assert status == 401, answer
-    stamp, nonce, _ = headers[route_guard.HEADER].split(" ")
+    stamp, nonce, body_sha, _ = headers[route_guard.HEADER].split(" ")
     old = str(int(stamp) - 2 * route_guard.WINDOW_S)
     key = control.current_key()
-    mac = route_guard._mac(key, old, nonce[::-1], "POST", path.encode(), b"", data)
-    status, answer = _post(f"{server}{path}", body, headers={route_guard.HEADER: f"{old} {nonce[::-1]} {mac}"})
+    mac = route_guard._mac(key, old, nonce[::-1], "POST", path.encode(), b"", body_sha)
+    stale = {route_guard.HEADER: f"{old} {nonce[::-1]} {body_sha} {mac}"}
+    status, answer = _post(f"{server}{path}", body, headers=stale)
     assert status == 401 and "more than" in json.dumps(answer), answer
 
 
@@ -287,3 +296,30 @@ def test_a_call_signed_with_another_key_is_refused(server, monkeypatch):
     assert status >= 400 and "not signed with the run's control key" in json.dumps(answer), (status, answer)
     status, answer = _trainer_rpc(server, "skyrl_glm_staged", ["\u00e9" * control.MAC_CHARS])  # not ASCII
     assert status >= 400 and "not signed with the run's control key" in json.dumps(answer), (status, answer)
+
+
+def test_sagemaker_adapter_routes_unsigned_are_refused_logged_and_the_adapter_keeps_serving(
+    server, glm45_trainer, tmp_path
+):
+    """vLLM's SageMaker routes wrap its LoRA load and unload handlers under other paths: unsigned, each is refused
+    and logged in the server's log, what is served is unchanged, and the model list names no staged version."""
+    published = _publish(server, glm45_trainer, 21, seed=21)
+    assert published.ok, published.reason
+    before = _served(server)
+    staged = f"{LORA}@v21"
+    attacks = [
+        ("DELETE", f"/adapters/{LORA}", None),
+        ("POST", "/adapters", {"name": LORA, "src": f"skyrl-memory://{LORA}@v1"}),
+        ("POST", "/adapters", {"name": "evil", "src": str(tmp_path)}),
+    ]
+    for method, path, body in attacks:
+        status, answer = _post(f"{server}{path}", body, method=method)
+        assert status == 401 and "skyrl-glm" in json.dumps(answer), (method, path, status, answer)
+        assert _served(server) == before, f"{method} {path} changed what is served"
+    with urllib.request.urlopen(f"{server}/v1/models", timeout=30) as resp:
+        listing = resp.read().decode()
+    assert LORA in listing and "skyrl-memory" not in listing and "@v" not in listing, listing
+    logged = SERVER_LOG[0].read_text()
+    for method, path, _ in attacks:
+        assert f"skyrl-glm refused {method} {path}: not signed" in logged, f"{method} {path} not in the server log"
+    _assert_staged_then_next_sync_lands(server, glm45_trainer, staged, before)

@@ -20,7 +20,7 @@ from shm_receive import receive_over_shm
 from skyrl_glm.sync.manifest import Manifest, ManifestError
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
-from skyrl_glm.sync.transports.shm import SharedMemoryTransport
+from skyrl_glm.sync.transports.shm import SharedMemoryTransport, segment_name
 from skyrl_glm.sync.update import UpdateResult
 from skyrl_glm.sync.vllm.control import signed
 from skyrl_glm.sync.vllm.worker import receiver_state
@@ -262,15 +262,15 @@ def _rejects_quickly(handle: dict, match: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["/etc/hostname", "../../etc/hostname", "psm_12345678", "skyrl_glm_" + "0" * 31, 7, None]
+    "name",
+    ["/etc/hostname", "../../etc/hostname", "psm_12345678", "skyrl_glm_" + "0" * 31, "skyrl_glm_" + "0" * 32, 7, None],
 )
 def test_shm_handle_accepts_only_this_transports_segment_names(name):
     _rejects_quickly({"shm_name": name}, "names no segment of this transport")
 
 
 def test_shm_handle_naming_a_fifo_or_a_link_does_not_block():
-    fifo = f"skyrl_glm_{secrets.token_hex(16)}"
-    link = f"skyrl_glm_{secrets.token_hex(16)}"
+    fifo, link = segment_name(), segment_name()
     os.mkfifo(f"/dev/shm/{fifo}")
     os.symlink("/etc/hostname", f"/dev/shm/{link}")
     try:
@@ -402,10 +402,12 @@ def test_a_plan_that_fails_after_staging_leaves_no_segment(created):
 OTHER_UID = 65534  # "nobody": the segment's owner as another local user would make it
 
 
-def _forged_segment(p, how: str) -> dict:
-    """A segment under a name this transport would use, holding ``p``'s stream, damaged in one way (``how``)."""
-    name = f"skyrl_glm_{secrets.token_hex(16)}"
+def _forged_segment(p, how: str, made: list[str]) -> dict:
+    """A segment under a name this transport would use, holding ``p``'s stream, damaged in one way (``how``); the
+    paths it makes are added to ``made``."""
+    name = segment_name()
     path = f"/dev/shm/{name}"
+    made.append(path)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         size = p.manifest.total_bytes
@@ -420,7 +422,8 @@ def _forged_segment(p, how: str) -> dict:
     finally:
         os.close(fd)
     if how == "hard-link":
-        os.link(path, f"/dev/shm/skyrl_glm_{secrets.token_hex(16)}")
+        made.append(f"/dev/shm/{segment_name()}")
+        os.link(path, made[-1])
     return {"shm_name": name}
 
 
@@ -448,7 +451,8 @@ def test_a_forged_segment_is_refused_before_any_byte_is_read(how, reason, monkey
     """A local user who can write to /dev/shm made a segment under a valid name holding a stream that matches the
     manifest (their own adapter would pass the checksums): refused by its file, and nothing is read from it."""
     p = _big_plan()
-    handle = _forged_segment(p, how)
+    made: list[str] = []
+    handle = _forged_segment(p, how, made)
     reads: list[int] = []
     real_readv = os.readv
     monkeypatch.setattr(os, "readv", lambda fd, bufs: reads.append(fd) or real_readv(fd, bufs))
@@ -457,21 +461,35 @@ def test_a_forged_segment_is_refused_before_any_byte_is_read(how, reason, monkey
             AdapterReceiver().receive(p.manifest.to_json(), handle, SharedMemoryTransport())
         assert reads == []
     finally:
-        for f in os.listdir("/dev/shm"):
-            st = os.stat(f"/dev/shm/{f}")
-            if f.startswith("skyrl_glm_") and st.st_ino == os.stat(f"/dev/shm/{handle['shm_name']}").st_ino:
-                os.unlink(f"/dev/shm/{f}")
+        for path in made:  # only what this test made: whatever else /dev/shm holds is not its business
+            os.unlink(path)
+
+
+def test_the_forged_segment_tests_pass_beside_a_leftover_segment(monkeypatch):
+    """A segment another run left behind (a killed sender's, an older release's name) does not fail them."""
+    leftovers = [f"/dev/shm/skyrl_glm_{secrets.token_hex(16)}", f"/dev/shm/{segment_name()}"]
+    for path in leftovers:
+        with open(path, "wb") as f:
+            f.write(b"left behind")
+    try:
+        for how, reason in [("hard-link", "2 links"), ("other-owner", "owned by uid")]:
+            test_a_forged_segment_is_refused_before_any_byte_is_read(how, reason, monkeypatch)
+        assert all(os.path.exists(path) for path in leftovers)
+    finally:
+        for path in leftovers:
+            os.unlink(path)
 
 
 def test_an_intact_forged_segment_of_this_user_is_what_the_checks_let_through():
     """The control for the cases above: the same forged segment, undamaged, is received (the checks refuse the
     damage, not every segment they did not make)."""
     p = _big_plan()
-    handle = _forged_segment(p, "intact")
+    made: list[str] = []
+    handle = _forged_segment(p, "intact", made)
     try:
         got = AdapterReceiver().receive(p.manifest.to_json(), handle, SharedMemoryTransport())
     finally:
-        os.unlink(f"/dev/shm/{handle['shm_name']}")
+        os.unlink(made[0])
     assert got.version == 1 and len(got.tensors) == 2
 
 
@@ -580,4 +598,32 @@ def test_commit_keeps_only_listed_names_this_worker_staged(worker):
 
     with pytest.raises(ControlRefused, match="keep must list names this worker staged"):
         worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2", "not-mine@v1"])))
+    assert worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2"]))) == ["p@v2"]
+
+
+def test_a_second_publisher_of_a_staged_version_is_refused_and_the_first_stays_staged(worker, monkeypatch):
+    """Two signed publishers send version 2: the first is staged, the second refused with the reason (it used to be
+    staged too, silently replacing the first's tensors under the same name); an older one is refused as well."""
+    from skyrl_glm.sync.vllm import worker as worker_module
+
+    staged: list[str] = []
+    real = worker_module.stage_in_memory_adapter
+    monkeypatch.setattr(
+        worker_module, "stage_in_memory_adapter", lambda name, *a: staged.append(name) or real(name, *a)
+    )
+    _signed_receive(worker, 2)
+    tx = SharedMemoryTransport()
+    reasons = []
+    for version in (2, 1):
+        other = plan(version=version, tensors={k: v + 1 for k, v in adapter().items()})
+        try:
+            args = (other.manifest.to_json(), tx.prepare(other), "cpu")
+            answer = worker.skyrl_glm_receive(*signed("skyrl_glm_receive", args))
+        finally:
+            tx.release()
+        assert not answer["ok"], answer
+        reasons.append(answer["reason"])
+    assert "version 2 of 'p' is not newer than version 2 already staged here" in reasons[0], reasons
+    assert "version 1 is not newer than the serving version 1" in reasons[1], reasons
+    assert staged == ["p@v2"], staged
     assert worker.skyrl_glm_commit(*signed("skyrl_glm_commit", (2, ["p@v2"]))) == ["p@v2"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +104,9 @@ class AdapterReceiver:
         self.version: int | None = None
         self.known: Manifest | None = None
 
-    def _admit(self, manifest_json: str, handle: dict[str, Any], transport: Transport) -> tuple[Manifest, float]:
+    def _admit(
+        self, manifest_json: str, handle: dict[str, Any], transport: Transport, staged: Mapping[str, int]
+    ) -> tuple[Manifest, float]:
         """Every check that needs no byte of the stream, the stream's size (from the transport) included;
         returns the manifest and the seconds spent asking the transport (a collective waits for the sender)."""
         if not isinstance(handle, dict):
@@ -114,6 +117,12 @@ class AdapterReceiver:
             raise UpdateRejected(str(e)) from None
         if self.version is not None and manifest.version <= self.version:
             raise UpdateRejected(f"version {manifest.version} is not newer than the serving version {self.version}")
+        newest = staged.get(manifest.lora_name)
+        if newest is not None and manifest.version <= newest:
+            raise UpdateRejected(
+                f"version {manifest.version} of {manifest.lora_name!r} is not newer than version {newest} already "
+                "staged here (a second publisher?): an adapter's versions only grow"
+            )
         if not manifest.same_layout(self.known):  # an accepted layout passed this check already
             problem = structure_errors(manifest)
             if problem:
@@ -131,19 +140,26 @@ class AdapterReceiver:
         return manifest, waited
 
     def receive(
-        self, manifest_json: str, handle: dict[str, Any], transport: Transport, verify: bool = True
+        self,
+        manifest_json: str,
+        handle: dict[str, Any],
+        transport: Transport,
+        verify: bool = True,
+        staged: Mapping[str, int] | None = None,
     ) -> ReceivedAdapter:
         """Validate, receive, verify and rebuild one update, or raise :class:`UpdateRejected` with the reason.
-        ``verify=False`` skips the per-tensor checksum and finiteness checks (the structure is always checked)."""
+        ``verify=False`` skips the per-tensor checksum and finiteness checks (the structure is always checked).
+        ``staged``: adapter name -> the newest version staged and not yet dropped; an update must be newer (two
+        publishers of one version: the second is refused, not swapped in under the first's name)."""
         with paused_gc():
-            return self._receive(manifest_json, handle, transport, verify)
+            return self._receive(manifest_json, handle, transport, verify, staged or {})
 
     def _receive(
-        self, manifest_json: str, handle: dict[str, Any], transport: Transport, verify: bool
+        self, manifest_json: str, handle: dict[str, Any], transport: Transport, verify: bool, staged: Mapping[str, int]
     ) -> ReceivedAdapter:
         t0 = time.perf_counter()
         try:
-            manifest, waited = self._admit(manifest_json, handle, transport)
+            manifest, waited = self._admit(manifest_json, handle, transport, staged)
         except UpdateRejected:
             transport.decline(handle if isinstance(handle, dict) else {})
             raise

@@ -1,15 +1,23 @@
 """CPU transport: one POSIX shared-memory segment holding the packed stream (same host, no GPU).
 
-The receiver opens only segments this transport creates (``skyrl_glm_<32 hex>`` under ``/dev/shm``), as regular
-files, without following links and without blocking: a handle naming another file, a FIFO or a device is refused.
-The name is not trusted: before any byte is read, the open segment must be owned by this user (who runs both the
-trainer and the sampler), writable by nobody else, have one link, the manifest's size, and that many bytes
-allocated (a sparse segment costs its maker nothing but would cost the receiver its full size to read).
+A segment is named for the process that made it (``skyrl_glm_<pid namespace>_<pid>_<start time>_<32 hex>`` under
+``/dev/shm``): its space is reserved whole before anything is packed (a clear error naming the bytes and the container
+setting when ``/dev/shm`` is too small, never a SIGBUS while packing), and the first segment a process makes sweeps
+this user's segments whose maker is gone (a sender killed after packing), never a live process's.
+
+The receiver opens only segments of this transport's names, as regular files, without following links and without
+blocking: a handle naming another file, a FIFO or a device is refused. The name is not trusted: before any byte is
+read, the open segment must be owned by this user (who runs both the trainer and the sampler), writable by nobody
+else, have one link, the manifest's size, and that many bytes allocated (a sparse segment costs its maker nothing
+but would cost the receiver its full size to read).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
+import logging
 import mmap
 import os
 import re
@@ -27,8 +35,91 @@ if TYPE_CHECKING:
     from skyrl_glm.sync.plan import SyncPlan
 
 
+log = logging.getLogger(__name__)
+
 SHM_DIR = "/dev/shm"
-_SEGMENT = re.compile(r"skyrl_glm_[0-9a-f]{32}")
+_SEGMENT = re.compile(r"skyrl_glm_([0-9]{1,20})_([1-9][0-9]{0,9})_([0-9]{1,20})_[0-9a-f]{32}")
+
+
+class SharedMemoryFull(TransportError):
+    """``/dev/shm`` cannot hold the update; nothing was left behind."""
+
+    def __init__(self, needed: int, free: int) -> None:
+        super().__init__(
+            f"shared memory too small: the update needs {needed:,} bytes in {SHM_DIR}, {free:,} are free; give the "
+            "container more (docker run --shm-size, or an emptyDir of medium Memory at /dev/shm on Kubernetes) or "
+            "sync through another transport"
+        )
+
+
+def _start_time(pid: int | str) -> int | None:
+    """The process's start time in clock ticks since boot (None when there is no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner() -> str:
+    """This process as a segment's maker: pid namespace, pid, start time (a reused pid has another start time); read
+    each time, so a forked child names its own segments."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{namespace}_{os.getpid()}_{_start_time('self') or 0}"
+
+
+def segment_name() -> str:
+    """A fresh segment name of this process."""
+    return f"skyrl_glm_{_owner()}_{secrets.token_hex(16)}"
+
+
+def _maker_gone(name: str) -> bool:
+    """Whether the segment ``name`` was made by a process of this pid namespace that no longer runs."""
+    found = _SEGMENT.fullmatch(name)
+    if found is None:
+        return False
+    namespace, pid, start = found.groups()
+    if namespace == "0" or namespace != _owner().split("_")[0]:
+        return False  # made where this process cannot see whether its maker runs
+    return _start_time(pid) != int(start)
+
+
+def sweep_stale() -> list[str]:
+    """Unlink this user's segments whose maker is gone; returns their names."""
+    removed = []
+    for name in os.listdir(SHM_DIR):
+        if not _maker_gone(name):
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(os.path.join(SHM_DIR, name), follow_symlinks=False).st_uid == os.geteuid():
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+                log.info("removed the shared-memory segment %s of a sender that is gone", name)
+    return removed
+
+
+@functools.cache
+def _swept_once() -> None:
+    """:func:`sweep_stale` at the first segment this process makes."""
+    sweep_stale()
+
+
+def _reserve(fd: int, nbytes: int) -> None:
+    """Allocate the segment's pages now, or :class:`SharedMemoryFull` (a page touched past the free space of a tmpfs
+    would kill the packing process with SIGBUS)."""
+    st = os.statvfs(SHM_DIR)
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise SharedMemoryFull(nbytes, free)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        raise SharedMemoryFull(nbytes, free) from None
 
 
 def _unlink(name: str) -> None:
@@ -84,11 +175,12 @@ class SharedMemoryTransport(Transport):
     def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
         """A fresh segment, mapped: the plan packs straight into it. Owner-only, created exclusively."""
         self.release()
-        name = f"skyrl_glm_{secrets.token_hex(16)}"
+        _swept_once()
+        name = segment_name()
         flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(os.path.join(SHM_DIR, name), flags, 0o600)
         try:
-            os.ftruncate(fd, max(nbytes, 1))
+            _reserve(fd, max(nbytes, 1))
             mapped = mmap.mmap(fd, max(nbytes, 1))
         except BaseException:
             os.unlink(os.path.join(SHM_DIR, name))

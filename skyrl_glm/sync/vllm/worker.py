@@ -62,6 +62,14 @@ class ReceiverState:
     def serving(self) -> str | None:
         return next((n for n, v in self.staged.items() if v == self.receiver.version), None)
 
+    def newest(self) -> dict[str, int]:
+        """Adapter name -> the newest version of it staged here (what a next update must exceed)."""
+        out: dict[str, int] = {}
+        for name, version in self.staged.items():
+            lora_name = name.rpartition("@v")[0]
+            out[lora_name] = max(version, out.get(lora_name, version))
+        return out
+
 
 def receiver_state(worker: Any) -> ReceiverState:
     """The worker's :class:`ReceiverState`, made on first use (kept in the worker's ``__dict__``)."""
@@ -108,7 +116,7 @@ class LoraSyncWorkerExtension:
                 raise ControlRefused("skyrl_glm_receive: transport must be a string and verify a boolean")
             state = receiver_state(self)
             tx = receiving_transport(self, state, transport)
-            adapter = state.receiver.receive(manifest_json, handle, tx, verify=check)
+            adapter = state.receiver.receive(manifest_json, handle, tx, verify=check, staged=state.newest())
             name = staged_name(adapter.lora_name, adapter.version)
             stage_in_memory_adapter(name, adapter.tensors, adapter.adapter_config)
             state.staged[name] = adapter.version
