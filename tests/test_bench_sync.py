@@ -139,8 +139,12 @@ def test_store_channel_carries_a_full_size_manifest():
         ),
         (["--json", "{file}/report.json"], "--json {file}/report.json: {file} is not a directory"),
         (["--plot", "/"], "--plot /: is a directory, not a file"),
+        (
+            ["--exporter", "bridge", "--transport", "ipc"],
+            "--exporter bridge: the model lives in the sending process; use --transport cpu",
+        ),
     ],
-    ids=["no-full-config", "rank-0", "unshared-stream", "unwritable-json", "plot-is-a-dir"],
+    ids=["no-full-config", "rank-0", "unshared-stream", "unwritable-json", "plot-is-a-dir", "bridge-over-ipc"],
 )
 def test_bad_arguments_are_refused_before_the_run(extra, message, capsys, monkeypatch, tmp_path):
     import skyrl_glm.bench.run as run

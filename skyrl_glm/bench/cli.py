@@ -40,7 +40,7 @@ from skyrl_glm.plugins import registry
 from skyrl_glm.usage import PROG, UsageError, print_error, writable_file
 
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
-EXPORTERS = ("resident", "bridge-stream")
+EXPORTERS = ("resident", "bridge-stream", "bridge")
 
 
 def argument_error(args: argparse.Namespace) -> str | None:
@@ -52,6 +52,11 @@ def argument_error(args: argparse.Namespace) -> str | None:
         return f"--bucket-mb must be >= 0, got {args.bucket_mb}"
     if args.layers is not None and args.layers < 1:
         return f"--layers must be >= 1, got {args.layers}"
+    if args.exporter == "bridge":
+        from skyrl_glm.bench.bridge_model import exporter_problem
+
+        if problem := exporter_problem(args):
+            return problem
     if args.exporter == "bridge-stream" and not args.share_experts:
         return "--exporter bridge-stream: the bridge shares one adapter across experts here (drop --no-share-experts)"
     family = registry().model(args.model)
@@ -111,7 +116,8 @@ def add_parser(subparsers: Any) -> None:
         choices=EXPORTERS,
         default="resident",
         help="resident: the public adapter already on the device; bridge-stream: exported afresh per sync as "
-        "Megatron-Bridge's export_adapter_weights(cpu=False) streams it, export timed",
+        "Megatron-Bridge's export_adapter_weights(cpu=False) streams it, export timed (a stand-in from the config's "
+        "shapes); bridge: Megatron-Bridge's own export of a model it builds on the GPU (--transport cpu)",
     )
     p.add_argument("--transport", choices=sorted(registry().transports), default="cpu")
     p.add_argument("--device", default=None, help="sender device (default cuda:0 for nccl/ipc when present, else cpu)")

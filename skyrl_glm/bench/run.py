@@ -117,8 +117,10 @@ def _rounds(opts: BenchOptions, one_round: Callable[[str, int], dict[str, Any] |
     return runs
 
 
-def _sender_main(opts: BenchOptions, syn: Synthetic, transport: Any, chan: Any, receiver: Receiver | None):
-    sender = Sender(opts, syn, transport)
+def _sender_main(
+    opts: BenchOptions, syn: Synthetic, transport: Any, chan: Any, receiver: Receiver | None, bridge: Any = None
+):
+    sender = Sender(opts, syn, transport, bridge)
     runs = _rounds(opts, lambda p, v: _sender_round(sender, chan, p, v, in_process=receiver))
     disk = None
     if opts.disk:
@@ -198,11 +200,18 @@ def run_sync_bench(opts: BenchOptions) -> dict[str, Any]:
     """Run the benchmark; return the JSON-able report."""
     opts = opts.resolved()
     t_start = time.perf_counter()
-    syn = synthetic_adapter(opts)
+    bridge = None
+    if opts.exporter == "bridge":  # the real export: one process (the model lives in the sender)
+        from skyrl_glm.bench.bridge_model import BridgeModel
+
+        bridge = BridgeModel(opts)
+        syn = bridge.reference()
+    else:
+        syn = synthetic_adapter(opts)
     if opts.transport == "cpu":
         transport = make_transport("cpu")
         receiver = Receiver(opts, syn, transport)
-        runs, disk = _sender_main(opts, syn, transport, LocalChannel(), receiver)
+        runs, disk = _sender_main(opts, syn, transport, LocalChannel(), receiver, bridge)
         del receiver
     else:
         import torch.multiprocessing as mp

@@ -77,10 +77,11 @@ class Sender:
     name); ``bridge-stream``: holds the model's live adapter (its unique values) and exports it afresh for every
     sync, as Megatron-Bridge's ``export_adapter_weights(cpu=False)`` does (:meth:`export`)."""
 
-    def __init__(self, opts: BenchOptions, syn: Synthetic, transport: Any) -> None:
+    def __init__(self, opts: BenchOptions, syn: Synthetic, transport: Any, bridge: Any = None) -> None:
         self.opts, self.syn, self.transport = opts, syn, transport
         self.device = torch.device(opts.device)
-        self.live = {k: v.to(self.device) for k, v in syn.unique.items()}
+        self.bridge = bridge  # --exporter bridge: the real Megatron-Bridge model (bench/bridge_model.py)
+        self.live = {} if bridge is not None else {k: v.to(self.device) for k, v in syn.unique.items()}
         self.public: dict[str, torch.Tensor] | None = None
         if opts.exporter == "resident":
             self.public = {n: (self.live[k].clone() if opts.copies else self.live[k]) for n, k in syn.names.items()}
@@ -94,6 +95,8 @@ class Sender:
     def export(self) -> TimedStream:
         """The bridge's stream of this sync: names without the PEFT prefix, in export order, on the device."""
         copies = self.opts.copies
+        if self.bridge is not None:
+            return TimedStream(self.bridge.export())
 
         def pairs() -> Iterator[tuple[str, torch.Tensor]]:
             for name, key in self.syn.names.items():

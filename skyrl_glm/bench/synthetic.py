@@ -22,7 +22,7 @@ class BenchOptions:
     dtype: str = "bf16"
     share_experts: bool = True
     copies: bool = False
-    exporter: str = "resident"  # resident | bridge-stream
+    exporter: str = "resident"  # resident | bridge-stream | bridge
     transport: str = "cpu"
     device: str | None = None
     recv_device: str | None = None
