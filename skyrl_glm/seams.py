@@ -316,6 +316,16 @@ SEAMS: tuple[Seam, ...] = (
         "which fails on CPU)",
     ),
     Seam(
+        "transformers.models.glm_moe_dsa.configuration_glm_moe_dsa:GlmMoeDsaConfig",
+        "indexer_rope_interleave",
+        "added",
+        "transformers 5.16.1",
+        "skyrl_glm/models/base.py",
+        "Megatron-Bridge 0.6.2's GLM-5 bridge reads it with no default and this config class does not define it: "
+        "ModelFamily.supply_defaults sets the class-level value HF's modeling hard-codes (a checkpoint's own wins); "
+        "the router fields (topk_method, scoring_func) the same way",
+    ),
+    Seam(
         "vllm_router.router_args:RouterArgs",
         "pd_disaggregation",
         "added",
