@@ -14,6 +14,7 @@ import logging
 import math
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 PROG = "skyrl-glm"
@@ -103,11 +104,15 @@ def _can_create_in(directory: Path) -> str | None:
     return None
 
 
-def writable_file(option: str, path: str | Path) -> Path:
-    """``path`` can be created or overwritten as a file (checked before a run, so a finished run is not lost)."""
+def writable_file(option: str, path: str | Path, inputs: Iterable[str | Path] = ()) -> Path:
+    """``path`` can be created or overwritten as a file (checked before a run, so a finished run is not lost), and
+    is none of the command's ``inputs`` (which writing it would destroy)."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory, not a file")
+    for source in inputs:
+        if path.exists() and Path(source).exists() and path.samefile(source):
+            raise UsageError(f"{option} {path}: is an input of this command (writing it would destroy {source})")
     if path.exists():
         try:
             path.open("ab").close()
