@@ -179,3 +179,41 @@ def test_a_cuda_transport_on_cpu_is_one_line_before_any_engine() -> None:
 
     with pytest.raises(UsageError, match="the ipc transport moves CUDA memory"):
         prepare(CheckOptions(transport="ipc", device="cpu"))
+
+
+def _key_settings(tmp_path) -> dict[str, dict[str, str]]:
+    from skyrl_glm.sync.vllm.control import KEY_DIR_ENV, KEY_ENV
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    shared = tmp_path / "shared.key"
+    shared.write_text("ab" * 32)
+    shared.chmod(0o644)
+    return {
+        "dir-in-proc": {KEY_DIR_ENV: "/proc/nope"},
+        "dir-a-file": {KEY_DIR_ENV: str(a_file)},
+        "key-0644": {KEY_ENV: str(shared)},
+        "key-missing": {KEY_ENV: str(tmp_path / "none.key")},
+    }
+
+
+@pytest.mark.parametrize("setting", ["dir-in-proc", "dir-a-file", "key-0644", "key-missing"])
+@pytest.mark.parametrize("command", [["check"], ["check-matrix"]])
+def test_a_bad_control_key_setting_is_one_line_before_any_engine(tmp_path, monkeypatch, capsys, setting, command):
+    """The engine refused such a setting only after it started, as a traceback (the key is read by the check's
+    first control call); now it is bad input, found before anything starts."""
+    import skyrl_glm.check.runner as runner
+    from skyrl_glm.cli import main
+    from skyrl_glm.sync.vllm import control
+
+    monkeypatch.setattr(control, "_KEY", None)
+    for name in (control.KEY_ENV, control.KEY_DIR_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in _key_settings(tmp_path)[setting].items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(runner, "prepare", lambda *a, **k: pytest.fail("the check started"))
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip()
+    name = control.KEY_DIR_ENV if setting.startswith("dir") else control.KEY_ENV
+    assert len(err.splitlines()) == 1 and f"error: {name}=" in err and "Traceback" not in err, err
+    assert not list((tmp_path).glob("skyrl-glm-key-*"))

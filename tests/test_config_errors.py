@@ -120,3 +120,11 @@ def test_a_value_that_would_fail_after_start_is_refused_before(capsys, command, 
 def test_the_tiny_recipe_itself_passes(capsys):
     assert main(["recipes", "validate", TINY]) == 0
     assert "ok tiny_cpu_grpo" in capsys.readouterr().out
+
+
+def test_train_with_a_key_directory_it_cannot_use_is_one_line(capsys, monkeypatch):
+    """``train`` makes the run's key in ``SKYRL_GLM_CONTROL_KEY_DIR``: one it cannot use is refused before Ray."""
+    from skyrl_glm.sync.vllm.control import KEY_DIR_ENV
+
+    monkeypatch.setenv(KEY_DIR_ENV, "/proc/nope")
+    _refused(capsys, ["train", TINY], f"{KEY_DIR_ENV}=/proc/nope: the run's key directory cannot be made there")

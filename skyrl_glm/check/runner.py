@@ -58,7 +58,12 @@ class CheckOptions:
 
 def engine_options(args: argparse.Namespace, **rest: Any) -> CheckOptions:
     """The options of the flags ``check`` and ``check matrix`` share (model, device, sampler, adapter rank and
-    targets, expert layout), plus ``rest``: one reading of those flags for both commands."""
+    targets, expert layout), plus ``rest``: one reading of those flags for both commands. The run's control key
+    setting is checked here too: the engine would refuse it only after it started."""
+    from skyrl_glm.sync.vllm.control import setting_problem
+
+    if problem := setting_problem():
+        raise UsageError(problem)
     return CheckOptions(
         model=args.model,
         device=args.device,
