@@ -18,7 +18,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,8 +74,8 @@ _MAX_REASONS = 5
 # float one at most 2**53 (beyond that a float is not the integer the file meant: 2**60 + 1 reads as 2**60).
 MAX_DIGITS = 20
 MAX_EXACT_FLOAT = 2**53
-# Bounds on an input file, checked before a third-party parser reads it. A DAPO row nests 4 levels (row, prompt
-# list, message, text); the public DAPO-Math-17k file is about 0.3 GB as parquet.
+# Bounds on an input file, checked before a third-party parser reads it (a DAPO row nests 4 levels: row, prompt
+# list, message, text).
 MAX_DEPTH = 32
 MAX_LINE_BYTES = 4 << 20
 MAX_INPUT_BYTES = 16 << 30
@@ -147,15 +147,18 @@ def load_rows(source: str) -> list[dict[str, Any]]:
         return datasets.load_dataset(name, split=split or "train", cache_dir=cache).to_list()  # 9x faster than rows
 
 
-def _nesting(value: Any) -> int:
-    """How deep ``value`` nests (a scalar 0, ``[1]`` 1, ...), counted without recursion and given up past the bound."""
-    deepest, stack = 0, [(value, 0)]
+def _depth(root: Any, children: Callable[[Any], Iterable[Any]]) -> int:
+    """How deep ``root`` nests (no children 0, ...), counted without recursion and given up past the bound."""
+    deepest, stack = 0, [(root, 0)]
     while stack and deepest <= MAX_DEPTH:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, depth + 1) for child in children(node))
     return deepest
+
+
+def _json_children(node: Any) -> Iterable[Any]:
+    return node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
 
 
 def _json_rows(path: Path) -> list[dict[str, Any]]:
@@ -173,7 +176,7 @@ def _json_rows(path: Path) -> list[dict[str, Any]]:
         for where, record in records:
             if not isinstance(record, dict):
                 raise DataError(f"{path}: {where}: a row must be a JSON object, got {type(record).__name__}")
-            if _nesting(record) > MAX_DEPTH:
+            if _depth(record, _json_children) > MAX_DEPTH:
                 raise DataError(f"{path}: {where}: a row nests deeper than {MAX_DEPTH} levels")
             rows.append(record)
     return rows
@@ -206,18 +209,9 @@ def _parquet_rows(path: Path) -> list[dict[str, Any]]:
 
     schema = pq.read_schema(path)
     for field in schema:
-        if _type_nesting(field.type) > MAX_DEPTH:
+        if _depth(field.type, lambda t: (t.field(i).type for i in range(t.num_fields))) > MAX_DEPTH:
             raise DataError(f"{path}: column {field.name!r:.40} nests deeper than {MAX_DEPTH} levels")
     return pq.read_table(path).to_pylist()
-
-
-def _type_nesting(arrow_type: Any) -> int:
-    deepest, stack = 0, [(arrow_type, 0)]
-    while stack and deepest <= MAX_DEPTH:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack.extend((node.field(i).type, depth + 1) for i in range(node.num_fields))
-    return deepest
 
 
 def _field(row: dict[str, Any], *names: str) -> Any:

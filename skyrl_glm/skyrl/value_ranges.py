@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -91,8 +92,7 @@ def _names(value: Any) -> bool:
     """A module selection PEFT and Megatron-Bridge take: one name (``all-linear``) or a non-empty list of names."""
     if isinstance(value, str):
         return bool(value.strip())
-    items = list(value) if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig" else None
-    return bool(items) and all(isinstance(v, str) and v.strip() for v in items)
+    return isinstance(value, Sequence) and bool(value) and all(isinstance(v, str) and v.strip() for v in value)
 
 
 def _lora_problem(lora: Any) -> str | None:
