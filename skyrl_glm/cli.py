@@ -64,11 +64,13 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    quiet.configure(args.verbose)
+    engine_log = quiet.configure(args.verbose)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except UsageError as e:
-        return print_error(PROG, e)
+        code = print_error(PROG, e)
+    quiet.finish(engine_log, code)
+    return code
 
 
 if __name__ == "__main__":

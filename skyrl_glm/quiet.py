@@ -9,9 +9,12 @@ before running a command). A variable the user set already wins.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
+
+from skyrl_glm.usage import CHECK_FAILED, OK
 
 QUIET = {
     "VLLM_LOGGING_LEVEL": "ERROR",
@@ -30,21 +33,26 @@ QUIET = {
 VERBOSE = {"VLLM_LOGGING_LEVEL": "INFO"}
 ENGINE_LOG_ENV = "SKYRL_GLM_ENGINE_LOG"
 """Where a quiet command's offline vLLM engine writes its output (its engine process's error tracebacks among it):
-set by :func:`configure`, read by the sampler that starts the engine; unset, the engine writes to the terminal."""
+set by :func:`configure` (``$TMPDIR/skyrl-glm-engine-<pid>.log``), read by the sampler that starts the engine;
+unset, the engine writes to the terminal. The command's own file is removed when the command ends with a result
+(exit 0 or 1) and kept when it fails, where its error line names it (:func:`finish`)."""
 # SkyRL's vLLM patches note at INFO, through SkyRL's own handler, when one is skipped (its GLM-5.3-Flash LoRA
 # packing patch needs torchvision, which the stack leaves out): three wrapped lines atop every ``train``.
 SKYRL_PATCH_NOTES = "skyrl.backends.skyrl_train.patches"
 
 
-def configure(verbose: bool) -> None:
-    """Logging for a ``skyrl-glm`` command: ours at WARNING (DEBUG with ``-v``), third parties as above."""
+def configure(verbose: bool) -> str | None:
+    """Logging for a ``skyrl-glm`` command: ours at WARNING (DEBUG with ``-v``), third parties as above. Returns
+    the engine log this command owns (None with ``-v``, or when the user named one)."""
     for name, value in (VERBOSE if verbose else QUIET).items():
         os.environ.setdefault(name, value)
+    engine_log = None
     if verbose:  # the engine log path is ours, not the user's: one a quiet parent set must not swallow -v's output
         os.environ.pop(ENGINE_LOG_ENV, None)
     else:
         engine_log = os.path.join(tempfile.gettempdir(), f"skyrl-glm-engine-{os.getpid()}.log")
-        os.environ.setdefault(ENGINE_LOG_ENV, engine_log)
+        if os.environ.setdefault(ENGINE_LOG_ENV, engine_log) != engine_log:
+            engine_log = None
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -54,3 +62,12 @@ def configure(verbose: bool) -> None:
         for name in ("vllm", "transformers", "torch"):
             logging.getLogger(name).setLevel(logging.ERROR)
         logging.getLogger(SKYRL_PATCH_NOTES).setLevel(logging.WARNING)
+    return engine_log
+
+
+def finish(engine_log: str | None, code: int) -> None:
+    """The command's engine log removed when the command ended with a result (exit 0 or 1: nothing to look up);
+    kept when it failed (its error line names it)."""
+    if engine_log and code in (OK, CHECK_FAILED):
+        with contextlib.suppress(OSError):
+            os.unlink(engine_log)

@@ -22,8 +22,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     from skyrl_glm import quiet
     from skyrl_glm.skyrl.run import run_command
 
-    quiet.configure(verbose)
-    sys.exit(run_command(sys.argv[1:] if argv is None else argv, verbose))
+    engine_log = quiet.configure(verbose)
+    code = run_command(sys.argv[1:] if argv is None else argv, verbose)
+    quiet.finish(engine_log, code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 PROG = "skyrl-glm"
@@ -51,14 +53,29 @@ def root_cause(error: BaseException) -> BaseException:
     return error
 
 
-def run_failed(command: str, error: BaseException, log_path: str | None) -> int:
-    """Report a failure of a started run on one line of stderr (the traceback to the log); returns RUN_FAILED."""
+def run_failed(command: str, error: BaseException, log_path: str | None, likely: str | None = None) -> int:
+    """Report a failure of a started run on one line of stderr (the traceback to the log); returns RUN_FAILED.
+    ``likely``: a cause found on the machine (a full temp dir) that the error itself does not name."""
     cause = root_cause(error)
     log.debug("%s failed", command, exc_info=(type(error), error, error.__traceback__))
     text = one_line(cause) or type(cause).__name__
     where = f" (log: {log_path})" if log_path else ""
-    print(f"{command}: failed: {type(cause).__name__}: {text[:400]}{where}", file=sys.stderr)
+    because = f"; likely cause: {likely}" if likely else ""
+    print(f"{command}: failed: {type(cause).__name__}: {text[:400]}{because}{where}", file=sys.stderr)
     return RUN_FAILED
+
+
+def temp_space_problem(needed: int) -> str | None:
+    """Why the temp dir cannot take ``needed`` more bytes (one line naming it and ``TMPDIR``), or None."""
+    directory = tempfile.gettempdir()
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError as e:
+        return f"temp dir {directory} unusable ({e.strerror or e}); set TMPDIR"
+    if free >= needed:
+        return None
+    have, want = free / 2**20, needed / 2**20
+    return f"temp dir {directory} has {have:.0f} MiB free, a run needs {want:.0f} MiB; free space or set TMPDIR"
 
 
 def positive_int(option: str, value: int) -> int:
@@ -103,11 +120,15 @@ def _can_create_in(directory: Path) -> str | None:
     return None
 
 
-def writable_file(option: str, path: str | Path) -> Path:
-    """``path`` can be created or overwritten as a file (checked before a run, so a finished run is not lost)."""
+def writable_file(option: str, path: str | Path, inputs: Iterable[str | Path] = ()) -> Path:
+    """``path`` can be created or overwritten as a file (checked before a run, so a finished run is not lost), and
+    is none of the command's ``inputs`` (which writing it would destroy)."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory, not a file")
+    for source in inputs:
+        if path.exists() and Path(source).exists() and path.samefile(source):
+            raise UsageError(f"{option} {path}: is an input of this command (writing it would destroy {source})")
     if path.exists():
         try:
             path.open("ab").close()

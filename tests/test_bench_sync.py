@@ -139,16 +139,58 @@ def test_store_channel_carries_a_full_size_manifest():
         ),
         (["--json", "{file}/report.json"], "--json {file}/report.json: {file} is not a directory"),
         (["--plot", "/"], "--plot /: is a directory, not a file"),
+        (["--alpha", "nan"], "--alpha must be a finite number > 0, got nan"),
+        (["--alpha", "inf"], "--alpha must be a finite number > 0, got inf"),
+        (["--alpha", "0"], "--alpha must be a finite number > 0, got 0.0"),
+        (["--alpha", "-16"], "--alpha must be a finite number > 0, got -16.0"),
+        (["--rank", "100000"], "--rank must be <= 512, got 100000"),
+        (["--repeat", "10000000"], "--repeat must be <= 1000, got 10000000"),
+        (["--seed", str(2**70)], f"--seed must be <= {2**63 - 1}, got {2**70}"),
+        (["--disk-dir", "{file}"], "--disk-dir {file}: exists and is not a directory"),
+        (["--disk-dir", "{file}/sub"], "--disk-dir {file}/sub: {file} is not a directory"),
+        (["--device", "bogus"], "--device 'bogus': not a device (cpu, cuda or cuda:N)"),
+        (["--device", "cuda"], "--device 'cuda': no CUDA device on this machine (use cpu)"),
+        (["--recv-device", "cuda:9"], "--recv-device 'cuda:9': no CUDA device on this machine (use cpu)"),
+        (["--device", "meta"], "--device 'meta': the benchmark runs on cpu or cuda devices"),
         (
-            ["--exporter", "bridge", "--transport", "ipc"],
+            ["--transport", "ipc"],
+            "--transport ipc moves CUDA memory: it needs CUDA devices (--device cuda:N)",
+        ),
+        (["--layers", "1000000"], "--layers must be in 1..2 for glm-5.3's tiny config, got 1000000"),
+        (
+            ["--exporter", "bridge", "--transport", "nccl"],
             "--exporter bridge: the model lives in the sending process; use --transport cpu",
         ),
     ],
-    ids=["no-full-config", "rank-0", "unshared-stream", "unwritable-json", "plot-is-a-dir", "bridge-over-ipc"],
+    ids=[
+        "no-full-config",
+        "rank-0",
+        "unshared-stream",
+        "unwritable-json",
+        "plot-is-a-dir",
+        "alpha-nan",
+        "alpha-inf",
+        "alpha-0",
+        "alpha-negative",
+        "rank-huge",
+        "repeat-huge",
+        "seed-past-64-bit",
+        "disk-dir-a-file",
+        "disk-dir-under-a-file",
+        "device-bogus",
+        "device-cuda",
+        "recv-device-cuda-9",
+        "device-meta",
+        "ipc",
+        "layers-huge",
+        "bridge-over-nccl",
+    ],
 )
 def test_bad_arguments_are_refused_before_the_run(extra, message, capsys, monkeypatch, tmp_path):
     import skyrl_glm.bench.run as run
 
+    if torch.cuda.is_available() and any(a.startswith("cuda") or a == "ipc" for a in extra):
+        pytest.skip("the CUDA cases are about a machine without CUDA")
     file = tmp_path / "a-file"
     file.write_text("")
     extra, message = [a.format(file=file) for a in extra], message.format(file=file)

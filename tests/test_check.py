@@ -196,7 +196,9 @@ def test_noise_is_seeded_by_tensor_name(glm45_dir):
 
 
 def _start_cli(tmp: Path, *args: str) -> Background:
-    env = {**os.environ, "SKYRL_GLM_CACHE": str(tmp / "cache")}
+    (tmp / "tmp").mkdir()
+    env = {**os.environ, "SKYRL_GLM_CACHE": str(tmp / "cache"), "TMPDIR": str(tmp / "tmp")}
+    env.pop("SKYRL_GLM_ENGINE_LOG", None)
     for name in ("VLLM_LOGGING_LEVEL", "LOGURU_LEVEL", "TRANSFORMERS_VERBOSITY"):
         env.pop(name, None)
     return Background.start(tmp, [sys.executable, "-m", "skyrl_glm.cli", *args], env=env)
@@ -267,6 +269,7 @@ def test_cli_main_command_passes_quietly_and_writes_reports(cli_checks):
     # Quiet by default: no vLLM log lines (there were over a hundred), nothing from the engine process.
     assert " INFO " not in log and "EngineCore" not in log and "Loading weights" not in log, log[-6000:]
     assert len(log.splitlines()) < 40, log[-6000:]
+    assert not list((cli.tmp / "tmp").glob("skyrl-glm-engine-*.log"))  # the engine's output went with the run
 
 
 @pytest.mark.slow

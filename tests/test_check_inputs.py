@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,6 +131,30 @@ def test_quiet_by_default_verbose_lets_vllm_talk():
             logging.getLogger(n).setLevel(level)
 
 
+def test_the_engine_log_is_kept_only_for_a_failed_command(tmp_path, monkeypatch):
+    """A quiet command's own engine log (in the temp dir) goes when the command ends with a result (exit 0 or 1)
+    and stays when it failed (exit 2 or 3 name it); a log the user named is never removed."""
+    import tempfile
+
+    from skyrl_glm import quiet
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(quiet.ENGINE_LOG_ENV, raising=False)
+    for code, kept in ((0, False), (1, False), (2, True), (3, True)):
+        path = quiet.configure(verbose=False)
+        assert path == os.environ[quiet.ENGINE_LOG_ENV] == str(tmp_path / f"skyrl-glm-engine-{os.getpid()}.log")
+        Path(path).write_text("engine output\n")
+        quiet.finish(path, code)
+        assert Path(path).exists() is kept, code
+    mine = tmp_path / "mine.log"
+    mine.write_text("")
+    monkeypatch.setenv(quiet.ENGINE_LOG_ENV, str(mine))
+    assert quiet.configure(verbose=False) is None
+    quiet.finish(None, 0)
+    assert mine.exists()
+    assert quiet.configure(verbose=True) is None and quiet.ENGINE_LOG_ENV not in os.environ
+
+
 def test_any_rank_up_to_512_gets_an_engine_rank_vllm_accepts():
     """vLLM takes max_lora_rank only from {1, 8, 16, 32, ...}: --rank 4 used to fail inside the engine start."""
     from skyrl_glm.check.scorers import _engine_lora_rank
@@ -179,3 +204,85 @@ def test_a_cuda_transport_on_cpu_is_one_line_before_any_engine() -> None:
 
     with pytest.raises(UsageError, match="the ipc transport moves CUDA memory"):
         prepare(CheckOptions(transport="ipc", device="cpu"))
+
+
+def _key_settings(tmp_path) -> dict[str, dict[str, str]]:
+    from skyrl_glm.sync.vllm.control import KEY_DIR_ENV, KEY_ENV
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    shared = tmp_path / "shared.key"
+    shared.write_text("ab" * 32)
+    shared.chmod(0o644)
+    return {
+        "dir-in-proc": {KEY_DIR_ENV: "/proc/nope"},
+        "dir-a-file": {KEY_DIR_ENV: str(a_file)},
+        "key-0644": {KEY_ENV: str(shared)},
+        "key-missing": {KEY_ENV: str(tmp_path / "none.key")},
+    }
+
+
+@pytest.mark.parametrize("setting", ["dir-in-proc", "dir-a-file", "key-0644", "key-missing"])
+@pytest.mark.parametrize("command", [["check"], ["check-matrix"]])
+def test_a_bad_control_key_setting_is_one_line_before_any_engine(tmp_path, monkeypatch, capsys, setting, command):
+    """The engine refused such a setting only after it started, as a traceback (the key is read by the check's
+    first control call); now it is bad input, found before anything starts."""
+    import skyrl_glm.check.runner as runner
+    from skyrl_glm.cli import main
+    from skyrl_glm.sync.vllm import control
+
+    monkeypatch.setattr(control, "_KEY", None)
+    for name in (control.KEY_ENV, control.KEY_DIR_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in _key_settings(tmp_path)[setting].items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(runner, "prepare", lambda *a, **k: pytest.fail("the check started"))
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip()
+    name = control.KEY_DIR_ENV if setting.startswith("dir") else control.KEY_ENV
+    assert len(err.splitlines()) == 1 and f"error: {name}=" in err and "Traceback" not in err, err
+    assert not list((tmp_path).glob("skyrl-glm-key-*"))
+
+
+def test_a_temp_dir_without_room_is_refused_before_the_engine(monkeypatch, capsys):
+    """The engine died 114 s into start-up with a bare EngineDeadError when the temp dir was full: the room a
+    check needs there is checked first (here: more than this disk's free space)."""
+    import shutil
+    import tempfile
+
+    import skyrl_glm.check.runner as runner
+    from skyrl_glm.cli import main
+
+    monkeypatch.setattr(runner, "TEMP_BYTES", shutil.disk_usage(tempfile.gettempdir()).free + (1 << 40))
+    monkeypatch.setattr(runner, "prepare", lambda *a, **k: pytest.fail("the check started"))
+    assert main(["check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"temp dir {tempfile.gettempdir()} has " in err and "set TMPDIR" in err
+
+
+def test_an_engine_that_dies_mid_run_is_one_line_exit_3_with_the_likely_cause(tmp_path, monkeypatch, capsys):
+    """A failure after start-up (here the engine's own EngineDeadError, raised where the run would raise it) is one
+    line, exit 3, naming a full temp dir as the likely cause, the traceback kept in the named engine log."""
+    import shutil
+    import tempfile
+
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    import skyrl_glm.check.cli as check_cli
+    from skyrl_glm import quiet
+    from skyrl_glm.cli import main
+
+    def dies(*args, **kwargs):
+        raise EngineDeadError()
+
+    log = tmp_path / "engine.log"
+    monkeypatch.setenv(quiet.ENGINE_LOG_ENV, str(log))
+    monkeypatch.setattr(check_cli, "run", dies)
+    assert main(["check"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("skyrl-glm check: failed: EngineDeadError"), err
+    assert "likely cause" not in err and f"(log: {log})" in err and "EngineDeadError" in log.read_text()
+    monkeypatch.setattr(check_cli, "TEMP_BYTES", shutil.disk_usage(tempfile.gettempdir()).free + (1 << 40))
+    assert main(["check"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert f"likely cause: temp dir {tempfile.gettempdir()} has " in err, err

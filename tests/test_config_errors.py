@@ -93,6 +93,21 @@ def test_recipes_show_of_a_non_utf8_file_is_one_line(capsys, tmp_path):
         ("generator.sampling_params.logprobs=-1", "sampling_params.logprobs: must be null or in 0..20"),
         ("generator.sampling_params.top_p=0", "sampling_params.top_p: must be a number in (0, 1]"),
         ("trainer.sequence_parallel_backend=ring", "SkyRL's validate_cfg refused the config: only ulysses"),
+        ("trainer.policy.model.lora.rank=100000000000000000000", "lora.rank: must be an integer in 0..512"),
+        ("trainer.policy.model.lora.rank=-8", "lora.rank: must be an integer in 0..512"),
+        ("trainer.policy.model.lora.target_modules=[1,2]", "lora.target_modules: must be a module name (all-linear)"),
+        ("trainer.policy.model.lora.target_modules=[]", "lora.target_modules: must be a module name"),
+        ("trainer.policy.model.lora.alpha=0", "lora.alpha: must be a finite number > 0, got 0"),
+        ("trainer.policy.model.lora.dropout=1", "lora.dropout: must be a number in [0, 1)"),
+        (
+            "generator.inference_engine.engine_init_kwargs.enable_mixed_moe_lora_format=true "
+            "generator.inference_engine.engine_init_kwargs.enable_moe_shared_loras=true",
+            "enable_mixed_moe_lora_format and enable_moe_shared_loras are exclusive",
+        ),
+        (
+            "generator.inference_engine.engine_init_kwargs.enable_moe_shared_loras=true",
+            "enable_moe_shared_loras=True contradicts skyrl_glm.sync.expert_layout=per-expert",
+        ),
     ],
 )
 @pytest.mark.parametrize("command", [["recipes", "validate", TINY], ["train", TINY, "--dry-run"]])
@@ -105,3 +120,11 @@ def test_a_value_that_would_fail_after_start_is_refused_before(capsys, command, 
 def test_the_tiny_recipe_itself_passes(capsys):
     assert main(["recipes", "validate", TINY]) == 0
     assert "ok tiny_cpu_grpo" in capsys.readouterr().out
+
+
+def test_train_with_a_key_directory_it_cannot_use_is_one_line(capsys, monkeypatch):
+    """``train`` makes the run's key in ``SKYRL_GLM_CONTROL_KEY_DIR``: one it cannot use is refused before Ray."""
+    from skyrl_glm.sync.vllm.control import KEY_DIR_ENV
+
+    monkeypatch.setenv(KEY_DIR_ENV, "/proc/nope")
+    _refused(capsys, ["train", TINY], f"{KEY_DIR_ENV}=/proc/nope: the run's key directory cannot be made there")

@@ -239,3 +239,72 @@ def test_corrupt_input_is_one_line_on_the_real_stderr(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"skyrl-glm: error: {corrupt}: cannot load (ArrowInvalid"), proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def _nested(depth: int) -> str:
+    return '{"problem": "Find x.", "answer": 3, "extra": ' + "[" * depth + "]" * depth + "}\n"
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (_nested(10_000), "line 1: not usable JSON (RecursionError)"),  # pyarrow segfaulted on it after 149 s
+        (_nested(2) + _nested(40), "line 2: a row nests deeper than 32 levels"),
+        ("[1, 2]\n", "row 0: a row must be a JSON object, got int"),
+        ('{"problem": "x", "answer": ' + "9" * 5000 + "}\n", "line 1: not usable JSON (ValueError)"),
+        (b'{"problem": "\xff", "answer": 1}\n', "line 1: not UTF-8 text"),
+        ('{"problem": "x", "answer": 1}\n' * 3 + "x" * 5000 + "\n", "line 4: longer than 4,096 bytes"),
+    ],
+    ids=["nested-10000", "nested-40", "array-of-numbers", "5000-digits", "not-utf8", "long-line"],
+)
+def test_json_input_bounded_before_any_parser(tmp_path, capsys, monkeypatch, text, message):
+    import skyrl_glm.dapo.data as data
+
+    if "longer than" in message:  # a bound the test can reach cheaply
+        monkeypatch.setattr(data, "MAX_LINE_BYTES", 4096)
+    src = tmp_path / "deep.jsonl"
+    src.write_bytes(text if isinstance(text, bytes) else text.encode())
+    argv = ["data", "prepare", "aime2024", "--input", str(src), "--output", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{src}: {message}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_parquet_schema_nesting_bounded_before_its_rows_are_read(tmp_path):
+    arrow_type = pa.int64()
+    for _ in range(40):
+        arrow_type = pa.list_(arrow_type)
+    src = tmp_path / "deep.parquet"
+    pq.write_table(pa.table({"problem": ["Find x."], "answer": [3], "deep": pa.array([None], arrow_type)}), src)
+    with pytest.raises(DataError, match="column 'deep' nests deeper than 32 levels"):
+        prepare("aime2024", str(src), tmp_path / "o")
+
+
+def test_a_json_array_file_is_rows_too(tmp_path):
+    src = tmp_path / "aime.json"
+    src.write_text(json.dumps([json.loads(line) for line in AIME_JSONL.read_text().splitlines()]))
+    out = prepare("aime2024", str(src), tmp_path / "o")
+    assert (out.rows_in, out.rows_out) == (12, 3)
+
+
+def test_prepare_leaves_no_datasets_cache(tmp_path):
+    """Neither a file nor a dataset directory grows the datasets cache in the user's home, and the run's own
+    cache is gone afterwards (in a fresh process: ``datasets`` reads its cache location at import)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = tmp_path / "AIME-2024"
+    (repo / "data").mkdir(parents=True)
+    _jsonl_to_parquet(AIME_JSONL, repo / "data" / "aime-2024.parquet")
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "HOME": str(home), "HF_HOME": str(home / "hf"), "TMPDIR": str(tmp)}
+    env.pop("HF_DATASETS_CACHE", None)
+    for i, source in enumerate((str(AIME_JSONL), str(repo))):
+        argv = ["data", "prepare", "aime2024", "--input", source, "--output", str(tmp_path / f"o{i}")]
+        proc = subprocess.run([sys.executable, "-m", "skyrl_glm.cli", *argv], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+    cached = [p for p in home.rglob("*") if p.is_file()] if home.exists() else []
+    assert not cached and not list(tmp.iterdir()), (cached, list(tmp.iterdir()))

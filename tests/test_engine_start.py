@@ -71,6 +71,8 @@ def test_a_forced_target_vllm_cannot_wrap_is_one_line_and_exit_2(tmp_path: Path)
     assert len(error) == 1, done.stderr[-2000:]
     assert "vLLM's engine did not start: AssertionError: CPUUnquantizedExperts does not support LoRA" in error[0]
     assert "--allow-unsupported-targets" in error[0]
+    (log,) = tmp_path.glob("skyrl-glm-engine-*.log")  # kept: the error line names it
+    assert f"(log: {log})" in error[0]
 
 
 def test_an_earlier_engine_of_the_same_command_is_not_the_reason(tmp_path: Path) -> None:

@@ -198,3 +198,20 @@ def test_report_writes_into_a_directory_it_makes(tmp_path, tokenizer, capsys):
     assert main(["report", str(tmp_path), "--json", str(out / "r.json"), "--png", str(out / "r.png")]) == 0
     assert json.loads((out / "r.json").read_text())[0]["accuracy"] == 1.0 and (out / "r.png").is_file()
     capsys.readouterr()
+
+
+def test_report_outputs_never_overwrite_an_input(tmp_path, tokenizer, capsys):
+    """``--json`` or ``--png`` naming a dump the report reads (the dump given, or one inside the run) is refused;
+    a ``--png`` that is not a .png is refused before matplotlib picks a format by its suffix."""
+    _dump(tmp_path, 0, tokenizer, [[(1.0, 10, "stop")]])
+    dump = tmp_path / "dumped_evals" / "global_step_0_evals" / "aime2024.jsonl"
+    before = dump.read_bytes()
+    for run in (dump, tmp_path):
+        for option in ("--json", "--png"):
+            err = _one_line_exit_2(["report", str(run), option, str(dump)], capsys)
+            assert "is an input of this command" in err or "ending in .png" in err, err
+        err = _one_line_exit_2(["report", str(run), "--json", str(dump), "--png", str(tmp_path / "r.png")], capsys)
+        assert "is an input of this command" in err, err
+    err = _one_line_exit_2(["report", str(tmp_path), "--png", str(tmp_path / "plot.jsonl")], capsys)
+    assert "--png" in err and "ending in .png" in err
+    assert dump.read_bytes() == before and not (tmp_path / "plot.jsonl").exists()

@@ -33,15 +33,45 @@ def kit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return module, tree, tmp_path
 
 
+def _same_tree(tree: Path, out: Path) -> None:
+    files = [p for p in tree.rglob("*") if p.is_file()]
+    assert files and {p.relative_to(tree) for p in files} <= {p.relative_to(out) for p in out.rglob("*")}
+    for path in files:
+        assert (out / path.relative_to(tree)).read_bytes() == path.read_bytes()
+
+
 def test_parts_unpack_to_the_same_tree(kit) -> None:
     module, tree, tmp_path = kit
     names = module.parts(module.KIT)
     assert len(names) >= 4
-    archives = module.verify(module.KIT)
-    module.unpack(archives["stack"], tmp_path / "out")
-    for path in tree.rglob("*"):
-        if path.is_file():
-            assert (tmp_path / "out" / path.relative_to(tree)).read_bytes() == path.read_bytes()
+    assert module.unpack_all(module.KIT, tmp_path / "device") == ["stack"]
+    _same_tree(tree, tmp_path / "device" / "stack")
+    assert sorted(p.name for p in (tmp_path / "device").iterdir()) == ["stack"]  # no fresh or old folder left
+    assert module.unpack_all(module.KIT, tmp_path / "device") == []  # the same parts: kept
+
+
+def test_changed_parts_are_unpacked_again(kit) -> None:
+    """The marker is keyed on the parts' digests: a stale tree is replaced, not skipped."""
+    module, tree, tmp_path = kit
+    module.unpack_all(module.KIT, tmp_path / "device")
+    (tree / "pkg" / "__init__.py").write_text("VALUE = 8\n")
+    (tree / "pkg" / "f0.bin").unlink()
+    module.pack("stack", tree, ["pkg==2"])
+    assert module.unpack_all(module.KIT, tmp_path / "device") == ["stack"]
+    out = tmp_path / "device" / "stack"
+    assert (out / "pkg" / "__init__.py").read_text() == "VALUE = 8\n" and not (out / "pkg" / "f0.bin").exists()
+
+
+def test_parts_past_100_join_in_numeric_order(kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, _, tmp_path = kit
+    monkeypatch.setattr(module, "PART_BYTES", 512)
+    tree = tmp_path / "big"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "blob.bin").write_bytes(os.urandom(120 * 512))  # incompressible: more than 100 parts
+    module.pack("stack", tree, ["pkg==1"])
+    assert len(module.parts(module.KIT)) > 100
+    module.unpack_all(module.KIT, tmp_path / "device")
+    _same_tree(tree, tmp_path / "device" / "stack")
 
 
 def test_corrupt_part_is_named(kit) -> None:
@@ -162,3 +192,102 @@ def test_gpu_verify_variants_add_their_overrides(tmp_path: Path) -> None:
     assert "generator.inference_engine.enable_prefix_caching=false" in log
     assert "target_modules=[q_a_proj," in log and "mlp.experts" not in log
     assert f"trainer.log_path={out}/runs/train_glm53_noprefix_dense/logs" in log
+
+
+def _archive(kit_dir: Path, archive: str, data: bytes, part_bytes: int = 4096) -> None:
+    """``data`` (already compressed, or not: a damaged kit) as the archive's parts, with every sha256 right."""
+    import hashlib
+
+    sums = {}
+    if (kit_dir / "SHA256SUMS").exists():
+        sums = dict(reversed(line.split()) for line in (kit_dir / "SHA256SUMS").read_text().splitlines())
+    sums[f"{archive}.tar.zst"] = hashlib.sha256(data).hexdigest()
+    for i in range(0, len(data), part_bytes):
+        part = kit_dir / f"{archive}.tar.zst.part{i // part_bytes:03d}"
+        part.write_bytes(data[i : i + part_bytes])
+        sums[part.name] = hashlib.sha256(part.read_bytes()).hexdigest()
+    (kit_dir / "SHA256SUMS").write_text("".join(f"{d}  {n}\n" for n, d in sorted(sums.items())))
+
+
+def _tar(*members: tuple[str, str, str]) -> bytes:
+    """A zstd-compressed tar of (kind, name, link target or content) members, as a hostile builder would make."""
+    import io
+
+    import zstandard
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for kind, name, value in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                info.size = len(value)
+                tar.addfile(info, io.BytesIO(value.encode()))
+                continue
+            info.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+            info.linkname = value
+            tar.addfile(info)
+    return zstandard.ZstdCompressor().compress(buf.getvalue())
+
+
+GOOD = ("file", "pkg/ok.py", "X = 1\n")
+DAMAGED = {
+    "dotdot": _tar(GOOD, ("file", "../escaped.txt", "out")),
+    "absolute": _tar(GOOD, ("file", "/tmp/skyrl-glm-kit-absolute.txt", "out")),
+    "symlink-out": _tar(GOOD, ("symlink", "pkg/up", "../../.."), ("file", "pkg/late.py", "")),
+    "hardlink-out": _tar(GOOD, ("hardlink", "pkg/passwd", "/etc/passwd")),
+    "lone-symlink": _tar(("symlink", "passwd", "/etc/passwd")),
+    "corrupt-zstd": _tar(GOOD)[:12] + b"\x00garbage" * 50,
+    "not-zstd": b"plainly not a zstd stream" * 20,
+    "truncated": _tar(GOOD, ("file", "pkg/more.py", "Y = 2\n" * 2000))[:-40],
+}
+
+
+@pytest.fixture
+def device(kit, monkeypatch: pytest.MonkeyPatch):
+    """The GPU machine's folder, holding the good stack archive's parts; a test adds a damaged one."""
+    module, _, tmp_path = kit
+    monkeypatch.setattr(module, "DEVICE", tmp_path / "device")
+    shutil.copytree(module.KIT, tmp_path / "device" / "parts")
+    return module, tmp_path / "device"
+
+
+def _refused(module, device: Path, capsys: pytest.CaptureFixture, says: str) -> None:
+    """One line, exit 2, and nothing beside the parts: no tree, no fresh folder, no decompressor."""
+    assert module.main(["install"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpu-kit: ") and says in err[0], err
+    assert [p.name for p in device.iterdir()] == ["parts"]
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED))
+def test_a_damaged_archive_is_one_line_and_leaves_nothing(device, capsys: pytest.CaptureFixture, name: str) -> None:
+    """The damaged archive sorts after the good one (``zz``): the good one must not be unpacked either."""
+    module, folder = device
+    _archive(folder / "parts", "zz", DAMAGED[name])
+    says = "damaged archive" if name in ("corrupt-zstd", "not-zstd", "truncated") else "refused"
+    _refused(module, folder, capsys, f"zz: {'' if says == 'damaged archive' else 'member '}")
+    assert not Path("/tmp/skyrl-glm-kit-absolute.txt").exists()
+    assert not (folder.parent / "escaped.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "content,says",
+    [
+        (b"\xff\xfe not utf-8\n", "SHA256SUMS: not UTF-8 text (byte 0)"),
+        (b"garbage\n", "SHA256SUMS line 1: expected '<sha256>  <file name>'"),
+        (b"%s  ../stack.tar.zst.part000\n" % (b"0" * 64), "SHA256SUMS line 1: expected"),
+        (b"%s  stack.tar.zst.partXY\n" % (b"0" * 64), "not a part"),
+    ],
+    ids=["not-utf8", "garbage", "path-in-name", "bad-part-name"],
+)
+def test_a_damaged_sums_file_is_one_line_and_leaves_nothing(device, capsys, content: bytes, says: str) -> None:
+    module, folder = device
+    (folder / "parts" / "SHA256SUMS").write_bytes(content)
+    _refused(module, folder, capsys, says)
+
+
+def test_a_part_missing_from_the_sums_is_named(device, capsys) -> None:
+    module, folder = device
+    sums = folder / "parts" / "SHA256SUMS"
+    sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines() if "part001" not in line))
+    _refused(module, folder, capsys, "stack: part 1 is not in SHA256SUMS")

@@ -106,3 +106,67 @@ def test_report_canary_bad_summary_is_one_line_exit_2(tmp_path, capsys, content,
     assert main(["report", "--canary", str(path), "--png", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+def _step(**figures: object) -> str:
+    return json.dumps({"steps": [{"step": 1, **figures}]})
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"run": 5}', "no per-step figures"),
+        ('{"run": 5, "steps": []}', "'run' must be an object, got 5"),
+        ('{"sync_mode": [], "steps": []}', "'sync_mode' must be a string"),
+        (_step(step_s="slow"), "step 1: step_s 'slow' is not a finite number"),
+        (_step(sync_s=[1]), "step 1: sync_s [1] is not a finite number"),
+        (_step(agree_prefill_mean=True), "step 1: agree_prefill_mean True is not a finite number"),
+        (_step(mismatch_mean={"a": 1}), "step 1: mismatch_mean {'a': 1} is not a finite number"),
+        ('{"steps": [{"step": 1, "reward": ' + "9" * 400 + "}]}", "step 1: reward 999"),  # past float's range
+        ('{"steps": [{"step": 1, "reward": ' + "9" * 5000 + "}]}", "not a run summary (ValueError"),
+        ('{"steps": [{"step": ' + "9" * 400 + "}]}", "no per-step figures"),
+        ('{"steps": [{"step": true}]}', "no per-step figures"),
+        ("[" * 100_000 + "]" * 100_000, "not a run summary (RecursionError"),
+    ],
+    ids=[
+        "run-a-number",
+        "run-not-an-object",
+        "sync-mode-a-list",
+        "step-s-a-string",
+        "sync-s-a-list",
+        "agree-a-bool",
+        "mismatch-an-object",
+        "reward-past-float",
+        "reward-5000-digits",
+        "step-past-int32",
+        "step-a-bool",
+        "nested-100000-deep",
+    ],
+)
+def test_report_canary_malformed_summary_is_one_line_exit_2(tmp_path, capsys, content, message) -> None:
+    path = tmp_path / "skyrl_glm_summary.json"
+    path.write_text(content)
+    assert main(["report", "--canary", str(path), "--png", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_report_canary_agree_without_its_maxima_is_drawn(tmp_path, capsys) -> None:
+    path = tmp_path / "skyrl_glm_summary.json"
+    path.write_text(_step(reward=0.5, agree_prefill_mean=1e-4))
+    assert main(["report", "--canary", str(path), "--png", str(tmp_path / "x.png")]) == 0
+    assert "0.0001/-" in capsys.readouterr().out
+
+
+def test_report_canary_outputs_never_overwrite_an_input(tmp_path, capsys) -> None:
+    summary = _write(tmp_path, "memory", _summary())
+    before = summary.read_bytes()
+    for option, out in (("--json", summary), ("--png", tmp_path / "x.png")):
+        argv = ["report", "--canary", str(summary.parent), "--png", str(tmp_path / "x.png"), option, str(out)]
+        if option == "--png":
+            argv = ["report", "--canary", str(summary), "--png", str(tmp_path / "x.jsonl")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert summary.read_bytes() == before and not list(tmp_path.glob("x.*"))

@@ -32,24 +32,38 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from typing import Any
 
 from skyrl_glm import strict_json
 from skyrl_glm.bench import load as load_bench
 from skyrl_glm.plugins import registry
-from skyrl_glm.usage import PROG, UsageError, print_error, writable_file
+from skyrl_glm.usage import PROG, UsageError, print_error, writable_dir, writable_file
 
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
 EXPORTERS = ("resident", "bridge-stream", "bridge")
+# Upper bounds: past them a typo allocates for hours. vLLM's largest max_lora_rank is 512; torch seeds are 64-bit.
+MAX_RANK = 512
+MAX_ROUNDS = 1000
+MAX_BUCKET_MB = 1 << 16
+MAX_SEED = 2**63 - 1
 
 
 def argument_error(args: argparse.Namespace) -> str | None:
-    """The first problem with the arguments, found before any work (or None)."""
-    for flag, value, least in (("--rank", args.rank, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
+    """The first problem with the arguments, found before any work (or None); imports nothing heavy."""
+    for flag, value, least, most in (
+        ("--rank", args.rank, 1, MAX_RANK),
+        ("--repeat", args.repeat, 1, MAX_ROUNDS),
+        ("--warmup", args.warmup, 0, MAX_ROUNDS),
+        ("--bucket-mb", args.bucket_mb, 0, MAX_BUCKET_MB),
+        ("--seed", args.seed, 0, MAX_SEED),
+    ):
         if value < least:
             return f"{flag} must be >= {least}, got {value}"
-    if args.bucket_mb < 0:
-        return f"--bucket-mb must be >= 0, got {args.bucket_mb}"
+        if value > most:
+            return f"{flag} must be <= {most}, got {value}"
+    if args.alpha is not None and not (math.isfinite(args.alpha) and args.alpha > 0):
+        return f"--alpha must be a finite number > 0, got {args.alpha}"
     if args.layers is not None and args.layers < 1:
         return f"--layers must be >= 1, got {args.layers}"
     if args.exporter == "bridge":
@@ -62,12 +76,14 @@ def argument_error(args: argparse.Namespace) -> str | None:
     family = registry().model(args.model)
     if args.config == "full" and family.full_config is None:
         return f"--config full: model family {args.model!r} has no full config (use --config tiny)"
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
-            try:
+    try:
+        for flag, path in (("--json", args.json), ("--plot", args.plot)):
+            if path:
                 writable_file(flag, path)
-            except UsageError as e:
-                return str(e)
+        if args.disk_dir:
+            writable_dir("--disk-dir", args.disk_dir)
+    except UsageError as e:
+        return str(e)
     return None
 
 
@@ -77,9 +93,14 @@ def _cmd_bench_sync(args: argparse.Namespace) -> int:
         return print_error(f"{PROG} bench sync", error)
     from skyrl_glm.bench.report import plot_report, print_report
     from skyrl_glm.bench.run import run_sync_bench
-    from skyrl_glm.bench.synthetic import BenchOptions
+    from skyrl_glm.bench.synthetic import BenchOptions, model_config
 
     opts = BenchOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions)})
+    try:  # the devices and the layer count, still before any work
+        opts = opts.resolved()
+        model_config(opts.model, opts.config, opts.layers)
+    except UsageError as e:
+        return print_error(f"{PROG} bench sync", e)
     report = run_sync_bench(opts)
     print_report(report)
     if args.json:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
+from skyrl_glm.usage import UsageError
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -48,11 +49,30 @@ class BenchOptions:
                 o.recv_device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
             else:
                 o.recv_device = o.device
+        for flag, name in (("--device", o.device), ("--recv-device", o.recv_device)):
+            _check_device(flag, name)
         if transport.needs_cuda and not (o.device.startswith("cuda") and o.recv_device.startswith("cuda")):
-            raise SystemExit(f"--transport {o.transport} moves CUDA memory: it needs CUDA devices (--device cuda:N)")
+            raise UsageError(f"--transport {o.transport} moves CUDA memory: it needs CUDA devices (--device cuda:N)")
         if o.dtype not in DTYPES:
-            raise SystemExit(f"--dtype must be one of {sorted(DTYPES)}")
+            raise UsageError(f"--dtype must be one of {sorted(DTYPES)}")
         return o
+
+
+def _check_device(flag: str, name: str) -> None:
+    """``name`` is this machine's CPU or one of its CUDA devices (UsageError otherwise)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"{flag} {name!r}: not a device (cpu, cuda or cuda:N)") from None
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise UsageError(f"{flag} {name!r}: the benchmark runs on cpu or cuda devices")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise UsageError(f"{flag} {name!r}: no CUDA device on this machine (use cpu)")
+    if (device.index or 0) >= count:
+        raise UsageError(f"{flag} {name!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
 
 
 # ----------------------------------------------------------------------------------------------- synthetic adapter
@@ -68,7 +88,7 @@ def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]
     if layers is not None:
         moe_idx = [i for i, m in enumerate(layer_is_moe(cfg)) if m]
         if not 0 < layers <= len(moe_idx):
-            raise SystemExit(f"--layers must be in 1..{len(moe_idx)} for this config")
+            raise UsageError(f"--layers must be in 1..{len(moe_idx)} for {model}'s {config} config, got {layers}")
         keep = moe_idx[layers - 1] + 1
         for attr in ("mlp_layer_types", "layer_types"):
             if isinstance(getattr(cfg, attr, None), list):

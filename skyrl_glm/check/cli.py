@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import traceback
 
 from rich.console import Console
 
 from skyrl_glm.check.algorithm import CheckConfig, StepResult
 from skyrl_glm.check.faults import FAULTS, NO_FAULT
 from skyrl_glm.check.report import plot, print_table, write_json
-from skyrl_glm.check.runner import CheckOptions, engine_options, run, transport_choices
+from skyrl_glm.check.runner import TEMP_BYTES, CheckOptions, engine_options, run, transport_choices
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
-from skyrl_glm.usage import UsageError, run_failed, writable_file
+from skyrl_glm.usage import UsageError, run_failed, temp_space_problem, writable_file
 
 log = logging.getLogger(__name__)
 console = Console(width=140)
@@ -90,6 +93,18 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
     )
 
 
+def failed(error: Exception) -> int:
+    """A started check that failed: one line with its root cause (a full temp dir, which the engine's own error
+    does not name), the traceback appended to the engine log, which is kept and named."""
+    from skyrl_glm.quiet import ENGINE_LOG_ENV
+
+    engine_log = os.environ.get(ENGINE_LOG_ENV)
+    if engine_log:
+        with contextlib.suppress(OSError), open(engine_log, "a") as f:
+            traceback.print_exception(error, file=f)
+    return run_failed("skyrl-glm check", error, engine_log, temp_space_problem(TEMP_BYTES))
+
+
 def main(args: argparse.Namespace) -> int:
     from skyrl_glm.sync.vllm.engine import EngineStartError  # imports torch: not at parser build
 
@@ -103,7 +118,11 @@ def main(args: argparse.Namespace) -> int:
     except EngineStartError as e:
         if options.allow_unsupported_targets:  # the targets forced past the family's policy are the likely cause
             raise UsageError(f"{e}; the engine was started with --allow-unsupported-targets") from e
-        return run_failed("skyrl-glm check", e, None)
+        return run_failed("skyrl-glm check", e, None, temp_space_problem(TEMP_BYTES))
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an engine that died mid-run (EngineDeadError): one line, exit 3
+        return failed(e)
     print_table(report, console)
     info = report.info
     tiny = info["tiny_model"]

@@ -26,7 +26,7 @@ from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, SHARED_ALL, SHARED_OUTER
-from skyrl_glm.usage import UsageError, name_list, positive_int
+from skyrl_glm.usage import UsageError, name_list, positive_int, temp_space_problem
 
 DEFAULT_MODEL = "glm-4.5"
 TINY_SEED = 0  # the seed of the tiny checkpoints a check makes (``skyrl-glm tiny make NAME DIR --seed 0``)
@@ -56,9 +56,19 @@ class CheckOptions:
     and ``shared-all`` train one adapter per layer for all its experts (the adapter those layouts serve)."""
 
 
+# What a check writes in the temp dir: measured 2026-12-02 on the CPU machine, a first check (torch's compile cache
+# cold) 156 MB, then almost nothing; vLLM's engine died with a bare EngineDeadError when it could not.
+TEMP_BYTES = 256 << 20
+
+
 def engine_options(args: argparse.Namespace, **rest: Any) -> CheckOptions:
     """The options of the flags ``check`` and ``check matrix`` share (model, device, sampler, adapter rank and
-    targets, expert layout), plus ``rest``: one reading of those flags for both commands."""
+    targets, expert layout), plus ``rest``: one reading of those flags for both commands. The run's control key
+    setting is checked here too: the engine would refuse it only after it started."""
+    from skyrl_glm.sync.vllm.control import setting_problem
+
+    if problem := setting_problem() or temp_space_problem(TEMP_BYTES):
+        raise UsageError(problem)
     return CheckOptions(
         model=args.model,
         device=args.device,

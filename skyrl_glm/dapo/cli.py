@@ -46,16 +46,25 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _png_file(path: str | Path, inputs: list[Path]) -> Path:
+    """Where a plot goes: a writable ``.png`` that is none of the inputs (matplotlib picks the format by suffix)."""
+    png = writable_file("--png", path, inputs)
+    if png.suffix.lower() != ".png":
+        raise UsageError(f"--png {path}: the plot is a PNG; give a path ending in .png")
+    return png
+
+
 def _canary_report(args: argparse.Namespace) -> int:
     """Per-step tables of several runs and their mean-reward curves in one PNG (e.g. memory, disk, no-publish)."""
-    from skyrl_glm.skyrl.step_table import plot_rewards, print_step_table, read_summary
+    from skyrl_glm.skyrl.step_table import plot_rewards, print_step_table, read_summary, summary_file
 
     if args.run is not None:
         raise UsageError("report: give either RUN (eval dumps) or --canary RUN_SUMMARY ..., not both")
     if not args.png:
         raise UsageError("report --canary: --png PATH is required (where the curves go)")
-    json_path = writable_file("--json", args.json) if args.json else None
-    png = writable_file("--png", args.png)
+    inputs = [summary_file(path) for path in args.canary]
+    json_path = writable_file("--json", args.json, inputs) if args.json else None
+    png = _png_file(args.png, inputs)
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("the PNG needs matplotlib: pip install 'skyrl-glm[plot]'")
     summaries = [read_summary(path) for path in args.canary]
@@ -69,7 +78,7 @@ def _canary_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from skyrl_glm.dapo.report import collect, default_png, plot, print_table, to_json
+    from skyrl_glm.dapo.report import collect, default_png, dump_files, plot, print_table, to_json
 
     if args.canary:
         return _canary_report(args)
@@ -77,8 +86,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise UsageError("report: give RUN (the run's trainer.export_path) or --canary RUN_SUMMARY ...")
     run = Path(args.run)
     # both outputs are checked before anything is read or printed: a report is never cut short after its table
-    json_path = writable_file("--json", args.json) if args.json else None
-    png = writable_file("--png", args.png or default_png(run))
+    inputs = dump_files(run)
+    json_path = writable_file("--json", args.json, inputs) if args.json else None
+    png = _png_file(args.png or default_png(run), inputs)
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("the PNG needs matplotlib: pip install 'skyrl-glm[plot]'")
     points = collect(run)

@@ -13,11 +13,12 @@ and nothing written, and the output appears whole or not at all (written beside 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,11 @@ _MAX_REASONS = 5
 # float one at most 2**53 (beyond that a float is not the integer the file meant: 2**60 + 1 reads as 2**60).
 MAX_DIGITS = 20
 MAX_EXACT_FLOAT = 2**53
+# Bounds on an input file, checked before a third-party parser reads it (a DAPO row nests 4 levels: row, prompt
+# list, message, text).
+MAX_DEPTH = 32
+MAX_LINE_BYTES = 4 << 20
+MAX_INPUT_BYTES = 16 << 30
 
 
 def ground_truth(value: Any) -> str:
@@ -118,22 +124,94 @@ def _short(text: str) -> str:
 
 def load_rows(source: str) -> list[dict[str, Any]]:
     """Rows of a parquet or JSON-lines file, or of a ``datasets`` dataset: a hub id or a local dataset directory
-    (``name`` or ``name:split``, default split ``train``), loaded by ``datasets.load_dataset``."""
-    import datasets
+    (``name`` or ``name:split``, default split ``train``), loaded by ``datasets.load_dataset``.
 
-    datasets.disable_progress_bars()
+    A file is bounded before any third-party parser sees it (its size; a JSON row's line length and nesting, read
+    with the standard library; a parquet's schema nesting): pyarrow crashes the process on a row nested 10,000 deep.
+    Nothing is cached in the user's home: files are read directly, a dataset through a cache removed afterwards."""
     path = Path(source)
     if path.is_file():
         suffix = path.suffix.lower()
-        if suffix == ".parquet":
-            return datasets.load_dataset("parquet", data_files=str(path), split="train").to_list()
-        if suffix in (".jsonl", ".json"):
-            return datasets.load_dataset("json", data_files=str(path), split="train").to_list()
-        raise DataError(f"{source}: expected a .parquet or .jsonl file, got {suffix or 'no suffix'}")
+        if suffix not in (".parquet", ".jsonl", ".json"):
+            raise DataError(f"{source}: expected a .parquet or .jsonl file, got {suffix or 'no suffix'}")
+        if (size := path.stat().st_size) > MAX_INPUT_BYTES:
+            raise DataError(f"{source}: {size:,} bytes, past the {MAX_INPUT_BYTES:,} an input may hold")
+        return _parquet_rows(path) if suffix == ".parquet" else _json_rows(path)
     name, _, split = source.partition(":")
     if not Path(name).is_dir() and (Path(name).suffix.lower() in (".parquet", ".jsonl", ".json") or name[:1] in "./~"):
         raise DataError(f"{source}: no such file or dataset directory")
-    return datasets.load_dataset(name, split=split or "train").to_list()  # 9x faster than iterating rows
+    import datasets
+
+    datasets.disable_progress_bars()
+    with tempfile.TemporaryDirectory(prefix="skyrl-glm-datasets-") as cache:
+        return datasets.load_dataset(name, split=split or "train", cache_dir=cache).to_list()  # 9x faster than rows
+
+
+def _depth(root: Any, children: Callable[[Any], Iterable[Any]]) -> int:
+    """How deep ``root`` nests (no children 0, ...), counted without recursion and given up past the bound."""
+    deepest, stack = 0, [(root, 0)]
+    while stack and deepest <= MAX_DEPTH:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children(node))
+    return deepest
+
+
+def _json_children(node: Any) -> Iterable[Any]:
+    return node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+
+
+def _json_rows(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file (or of a .json file holding one array of them), each line bounded in
+    length and every row in nesting."""
+    rows: list[dict[str, Any]] = []
+    with path.open("rb") as f:
+        first = f.read(1 << 16).lstrip()[:1]
+        f.seek(0)
+        if first == b"[":  # one JSON array of rows, not JSON lines
+            whole = _json_value(path, "the file", f.read())
+            records = ((f"row {i}", record) for i, record in enumerate(whole))
+        else:
+            records = _json_lines(path, f)
+        for where, record in records:
+            if not isinstance(record, dict):
+                raise DataError(f"{path}: {where}: a row must be a JSON object, got {type(record).__name__}")
+            if _depth(record, _json_children) > MAX_DEPTH:
+                raise DataError(f"{path}: {where}: a row nests deeper than {MAX_DEPTH} levels")
+            rows.append(record)
+    return rows
+
+
+def _json_lines(path: Path, f: Any) -> Iterator[tuple[str, Any]]:
+    lineno = 0
+    while line := f.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise DataError(f"{path}: line {lineno}: longer than {MAX_LINE_BYTES:,} bytes")
+        if line.strip():
+            yield f"line {lineno}", _json_value(path, f"line {lineno}", line)
+
+
+def _json_value(path: Path, where: str, text: bytes) -> Any:
+    try:
+        return json.loads(text)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: {where}: not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: {where}: not JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # a number of 5,000 digits; nesting past Python's stack
+        raise DataError(f"{path}: {where}: not usable JSON ({type(e).__name__})") from None
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+    """A parquet's rows, its schema's nesting checked from the footer before any row is read."""
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    for field in schema:
+        if _depth(field.type, lambda t: (t.field(i).type for i in range(t.num_fields))) > MAX_DEPTH:
+            raise DataError(f"{path}: column {field.name!r:.40} nests deeper than {MAX_DEPTH} levels")
+    return pq.read_table(path).to_pylist()
 
 
 def _field(row: dict[str, Any], *names: str) -> Any:

@@ -178,6 +178,14 @@ def collect(run: Path) -> list[EvalPoint]:
     return points
 
 
+def dump_files(run: Path) -> list[Path]:
+    """The files a report of ``run`` reads (those there now), which its outputs must not overwrite."""
+    if run.is_file():
+        return [run, run.parent / AGGREGATED]
+    root = run / "dumped_evals" if (run / "dumped_evals").is_dir() else run
+    return sorted(root.glob("global_step_*_evals/*.jsonl")) if root.is_dir() else []
+
+
 def default_png(run: Path) -> Path:
     """Where the plot goes without ``--png``: beside the dumps (``RUN/eval_report.png``, ``<dump>.png``)."""
     return run.with_suffix(".png") if run.suffix == ".jsonl" and not run.is_dir() else run / "eval_report.png"

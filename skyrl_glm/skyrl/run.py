@@ -293,6 +293,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
     from skyrl_glm.skyrl.run_log import log_to_stderr
     from skyrl_glm.skyrl.trainer_stack import trainer_stack_problem
     from skyrl_glm.skyrl.validation import missing_data
+    from skyrl_glm.sync.vllm.control import setting_problem
     from skyrl_glm.usage import PROG, print_error
 
     log_to_stderr()
@@ -303,7 +304,8 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         validate_cfg(cfg)
         if problem := trainer_stack_problem(cfg.trainer.strategy):
             raise ConfigError(problem)
-        if problem := missing_data(cfg.data) or key_problem(cfg.trainer, cfg.generator.inference_engine):
+        engine = cfg.generator.inference_engine
+        if problem := missing_data(cfg.data) or key_problem(cfg.trainer, engine) or setting_problem(makes_its_own=True):
             raise ConfigError(problem)
         if not os.environ.get("RAY_ADDRESS") and (problem := visible_gpu_problem(cfg)):
             raise ConfigError(problem)  # before Ray starts: it would wait forever for GPUs that are not here

@@ -20,6 +20,26 @@ from skyrl_glm.usage import UsageError
 
 SUMMARY_FILE = "skyrl_glm_summary.json"
 REWARD_PNG = "skyrl_glm_rewards.png"
+# What a summary may hold: bounded so a corrupt or hostile file is refused before it is parsed or drawn.
+MAX_SUMMARY_BYTES = 64 << 20
+MAX_STEP = 2**31 - 1
+# The figures of a step row that the table and the plot read: each a finite number or null.
+FIGURES = (
+    "reward",
+    "step_s",
+    "sync_s",
+    "plan_s",
+    "receive_s",
+    "save_s",
+    "load_s",
+    "first_request_s",
+    "agree_prefill_mean",
+    "agree_prefill_max",
+    "agree_decode_max",
+    "agree_mean_tol",
+    "agree_max_tol",
+    "mismatch_mean",
+)
 
 
 class StepTableError(UsageError):
@@ -45,25 +65,60 @@ def label(summary: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def read_summary(path: str | Path) -> dict[str, Any]:
-    """A run summary: the JSON file, or the directory holding it (``trainer.log_path``)."""
+def summary_file(path: str | Path) -> Path:
+    """The summary file a ``--canary`` argument names: the file itself, or the one in the directory."""
     path = Path(path)
-    file = path / SUMMARY_FILE if path.is_dir() else path
+    return path / SUMMARY_FILE if path.is_dir() else path
+
+
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """A run summary: the JSON file, or the directory holding it (``trainer.log_path``); every figure the table and
+    the plot read checked here, so a malformed summary is one line naming the file and the field."""
+    file = summary_file(path)
     try:
+        if file.stat().st_size > MAX_SUMMARY_BYTES:
+            raise StepTableError(f"{file}: {file.stat().st_size:,} bytes, past a run summary's {MAX_SUMMARY_BYTES:,}")
         data = json.loads(file.read_text())
     except FileNotFoundError:
         where = f"skyrl-glm train writes <trainer.log_path>/{SUMMARY_FILE}"
         raise StepTableError(f"{file}: no such run summary ({where})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: a 5,000-digit number too
         raise StepTableError(f"{file}: not a run summary ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-    steps = data.get("steps") if isinstance(data, dict) else None
-    if not isinstance(steps, list) or not all(isinstance(r, dict) and isinstance(r.get("step"), int) for r in steps):
-        raise StepTableError(f"{file}: no per-step figures ('steps': a list of rows with an integer 'step')")
-    for r in steps:
-        reward = r.get("reward")
-        if reward is not None and not (isinstance(reward, int | float) and math.isfinite(reward)):
-            raise StepTableError(f"{file}: step {r['step']}: reward {reward!r} is not a finite number")
+    if problem := _summary_problem(data):
+        raise StepTableError(f"{file}: {problem}")
     return data
+
+
+def _summary_problem(data: Any) -> str | None:
+    """What makes ``data`` unusable as a run summary, or None."""
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(r, dict) and _is_step(r.get("step")) for r in steps):
+        return f"no per-step figures ('steps': a list of rows with an integer 'step' in 0..{MAX_STEP})"
+    if not isinstance(data.get("run") or {}, dict):
+        return f"'run' must be an object, got {data['run']!r:.40}"
+    if not isinstance(data.get("sync_mode", ""), str):
+        return f"'sync_mode' must be a string, got {data['sync_mode']!r:.40}"
+    for r in steps:
+        for name in FIGURES:
+            value = r.get(name)
+            if value is not None and _finite(value) is None:
+                return f"step {r['step']}: {name} {value!r:.40} is not a finite number"
+    return None
+
+
+def _is_step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float (not a bool, not an int past float's range), else None."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def print_step_table(summary: dict[str, Any], console: Console) -> None:
@@ -89,7 +144,9 @@ def print_step_table(summary: dict[str, Any], console: Console) -> None:
     for r in summary["steps"]:
         margin = "-"
         if r.get("agree_prefill_mean") is not None:
-            worst = max(v for v in (r.get("agree_prefill_max"), r.get("agree_decode_max")) if v is not None)
+            worst = max(
+                (v for v in (r.get("agree_prefill_max"), r.get("agree_decode_max")) if v is not None), default=None
+            )
             margin = f"{_num(r['agree_prefill_mean'])}/{_num(worst)}"
         tol = "-" if r.get("agree_mean_tol") is None else f"{_num(r['agree_mean_tol'])}/{_num(r['agree_max_tol'])}"
         table.add_row(

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from skyrl_glm.check.faults import NO_FAULT
 from skyrl_glm.lora.experts import routed_expert_targets
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.config import ConfigError, GlmSection, GlmTrainConfig, resolved_transport
+from skyrl_glm.skyrl.config import ConfigError, GlmSection, GlmTrainConfig, SyncSection, resolved_transport
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.skyrl.value_ranges import range_problem
-from skyrl_glm.sync.expert_layout import PER_EXPERT, STACKED_3D, LayoutError, engine_arguments
+from skyrl_glm.sync.expert_layout import (
+    ENGINE_FLAGS,
+    PER_EXPERT,
+    STACKED_3D,
+    LayoutError,
+    engine_arguments,
+    layout_of,
+)
 
 if TYPE_CHECKING:
     from skyrl.train.config import DataConfig, TrainerConfig
@@ -98,20 +106,35 @@ def _expert_layout_problem(glm: GlmSection, trainer: TrainerConfig) -> str | Non
     return None
 
 
+def _engine_layout_problem(sync: SyncSection, engine: Mapping[str, Any]) -> str | None:
+    """Why the engine arguments cannot start an engine in one expert layout, the run's, or None: both layout flags
+    on (vLLM refuses them only after start-up), or, with the memory sync (whose layout's arguments join the user's
+    there, :mod:`~skyrl_glm.skyrl.experiment`, the user's winning), a flag that contradicts the run's layout."""
+    try:
+        layout_of(engine)
+        wanted = engine_arguments(sync.expert_layout, engine) if sync.mode == "memory" else {}
+    except LayoutError as e:
+        return str(e)
+    for flag, on in wanted.items():
+        if flag in ENGINE_FLAGS.values() and flag in engine and bool(engine[flag]) != on:
+            return (
+                f"{flag}={engine[flag]} contradicts skyrl_glm.sync.expert_layout={sync.expert_layout}; "
+                "leave the flag out (the layout sets it)"
+            )
+    return None
+
+
 def validate(cfg: GlmTrainConfig) -> None:
-    """Everything a run needs of its config, checked before anything starts: skyrl-glm's combinations, SkyRL
-    bounds it does not check itself, the recipe's rules, then SkyRL's own ``validate_cfg`` (on a copy). One
+    """Everything a run needs of its config, checked before anything starts: SkyRL bounds it does not check itself,
+    skyrl-glm's combinations, the recipe's rules, then SkyRL's own ``validate_cfg`` (on a copy). One
     :class:`ConfigError` (naming the key) for the first problem."""
     from skyrl.train.utils import validate_cfg
 
-    check_consistency(cfg.skyrl_glm, cfg.trainer)
-    if cfg.skyrl_glm.sync.mode == "memory":  # the layout's engine arguments join the user's (experiment.py)
-        try:
-            engine_arguments(cfg.skyrl_glm.sync.expert_layout, cfg.generator.inference_engine.engine_init_kwargs)
-        except LayoutError as e:
-            raise ConfigError(f"generator.inference_engine.engine_init_kwargs: {e}") from None
-    if problem := range_problem(cfg):  # SkyRL values it takes at any value (counts, sampling, engine arguments)
+    if problem := range_problem(cfg):  # SkyRL values it takes at any value (counts, sampling, LoRA, engine args)
         raise ConfigError(problem)
+    check_consistency(cfg.skyrl_glm, cfg.trainer)
+    if problem := _engine_layout_problem(cfg.skyrl_glm.sync, cfg.generator.inference_engine.engine_init_kwargs):
+        raise ConfigError(f"generator.inference_engine.engine_init_kwargs: {problem}")
     if found := recipe_problems(cfg):  # layout vs stated hardware, sampler-ignored LoRA targets, overlong buffer
         raise ConfigError(found[0])
     # On a copy: validate_cfg also rewrites a few keys (the run's own call, in train, keeps them), and it asks this

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ ENGINE_COUNTS = (
 ENGINE_KWARGS = "generator.inference_engine.engine_init_kwargs"
 SAMPLING = ("generator.sampling_params", "generator.eval_sampling_params")
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs (an engine argument): more is refused at the first request
+LORA = "trainer.policy.model.lora"
+MAX_LORA_RANK = 512  # vLLM's largest max_lora_rank
 
 
 def _select(root: object, dotted: str) -> Any:
@@ -85,8 +88,37 @@ def _sampling_problem(prefix: str, params: Any, max_logprobs: int) -> str | None
     return None
 
 
+def _names(value: Any) -> bool:
+    """A module selection PEFT and Megatron-Bridge take: one name (``all-linear``) or a non-empty list of names."""
+    if isinstance(value, str):
+        return bool(value.strip())
+    return isinstance(value, Sequence) and bool(value) and all(isinstance(v, str) and v.strip() for v in value)
+
+
+def _lora_problem(lora: Any) -> str | None:
+    if lora is None:
+        return None
+    rank = getattr(lora, "rank", 0)
+    if not _is_int(rank) or not 0 <= rank <= MAX_LORA_RANK:
+        return f"{LORA}.rank: must be an integer in 0..{MAX_LORA_RANK} (0: no LoRA), got {rank!r:.60}"
+    if rank == 0:
+        return None
+    checks = (
+        ("alpha", lambda v: _number(v) and v > 0, "a finite number > 0"),
+        ("dropout", lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+        ("target_modules", _names, "a module name (all-linear) or a non-empty list of module names"),
+        ("exclude_modules", lambda v: v is None or _names(v), "null, a module name or a list of module names"),
+    )
+    for name, ok, want in checks:
+        if hasattr(lora, name) and not ok(value := getattr(lora, name)):
+            return f"{LORA}.{name}: must be {want}, got {value!r:.60}"
+    return None
+
+
 def range_problem(cfg: SkyRLTrainConfig) -> str | None:
     """The first SkyRL value out of its range (one line naming the key), or None."""
+    if (problem := _lora_problem(_select(cfg, LORA))) is not None:
+        return problem
     for key in COUNTS:
         if (problem := _count_problem(key, _select(cfg, key))) is not None:
             return problem

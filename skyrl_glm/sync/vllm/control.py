@@ -76,6 +76,26 @@ def _make_key_file() -> str:
     return path
 
 
+def setting_problem(*, makes_its_own: bool = False) -> str | None:
+    """Why this process could not read or make its run's key (one line naming the setting), or None: checked by a
+    command before anything starts. ``makes_its_own``: the command makes a fresh key (``train``), so only the
+    directory it is made in matters."""
+    path = None if makes_its_own else os.environ.get(KEY_ENV)
+    if path:
+        try:
+            _read_key(path)
+        except ControlRefused as e:
+            return f"{KEY_ENV}={path}: {e}"
+        return None
+    directory = os.environ.get(KEY_DIR_ENV)
+    if directory:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix="skyrl-glm-key-", dir=directory))
+        except OSError as e:
+            return f"{KEY_DIR_ENV}={directory}: the run's key directory cannot be made there ({e.strerror or e})"
+    return None
+
+
 def sender_key() -> bytes:
     """This run's key, made on first use when the environment names none (then the engines this process starts
     next inherit its file name)."""
