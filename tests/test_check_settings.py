@@ -17,13 +17,13 @@ def test_skyrl_section_cli_and_library_share_the_defaults() -> None:
     section = load_config(None, ["trainer.policy.model.lora.rank=8"]).skyrl_glm.check
     assert section.check_config() == CheckConfig()
     cli = build_parser().parse_args(["check"])
-    assert (cli.scale, cli.mean_tol, cli.max_tol) == (section.scale, section.mean_tol, section.max_tol)
+    assert (cli.scale, cli.mean_tol, cli.prob_tol) == (section.scale, section.mean_tol, section.prob_tol)
 
 
 def test_the_section_builds_the_algorithms_settings_from_its_keys() -> None:
     overrides = ["skyrl_glm.check.mean_tol=0.001", "skyrl_glm.check.scale=0.2", "skyrl_glm.check.decode=false"]
     section = load_config("tiny_cpu_grpo", overrides).skyrl_glm.check
-    assert section.check_config() == CheckConfig(mean_tol=0.001, max_tol=0.01, scale=0.2, decode=False)
+    assert section.check_config() == CheckConfig(mean_tol=0.001, prob_tol=0.01, scale=0.2, decode=False)
 
 
 @pytest.mark.parametrize(

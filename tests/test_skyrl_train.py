@@ -126,7 +126,7 @@ def assert_step_figures(summary: dict[str, Any], mode: str, steps: int) -> None:
     for r in rows:
         assert r["reward"] is not None and r["step_s"] > 0 and r["generate_s"] > 0, r
         assert r["sync_s"] > 0 and r["first_request_s"] > 0 and all(r[k] > 0 for k in stages), r
-        assert r["agree_passed"] and r["agree_prefill_max"] <= r["agree_max_tol"] == 1e-2, r
+        assert r["agree_passed"] and r["agree_prefill_prob_max"] <= r["agree_prob_tol"] == 1e-2, r
         assert r["agree_prefill_mean"] <= r["agree_mean_tol"] == 1e-3, r
         assert r["mismatch_mean"] is not None, r
 

@@ -22,7 +22,7 @@ def _summary(fault: str = "none", rewards: tuple[float, ...] = (0.04, 0.05, 0.2,
     for step in range(len(rewards) + 1):
         stages = {"dedup_s": 0.001 * (step + 1), "pack_s": 0.001, "receive_s": 0.002, "load_s": 0.003}
         s.syncs.append(SyncRecord(0.01 * (step + 1), stages, step, 0.05))
-    s.agree = [AgreeRecord(k + 1, True, 0.002, 0.0005, 0.003, 0.001, 0.4, k, 1e-3, 1e-2) for k in (1, 3)]
+    s.agree = [AgreeRecord(k + 1, True, 0.002, 0.0005, 0.003, 0.001, 0.4, k, 1e-3, 1e-2, 1e-4, 2e-4) for k in (1, 3)]
     s.mismatch = [{"step": 2, "policy/rollout_train_logprobs_abs_diff_mean": 3e-7}]
     callback = StepMetrics()
     trainer = SimpleNamespace(summary=s)
@@ -40,7 +40,7 @@ def test_step_rows_join_each_steps_sync_agree_check_and_mismatch() -> None:
     assert rows[0]["step_s"] == 2.0 and rows[0]["generate_s"] == 0.5 and "other_s" not in rows[0]
     assert rows[1]["sync_s"] == 0.03 and rows[1]["first_request_s"] == 0.05
     assert rows[1]["plan_s"] == pytest.approx(0.004)  # the plan's parts, summed
-    assert rows[0]["agree_prefill_max"] == 0.002 and rows[0]["agree_max_tol"] == 1e-2  # agree after step 1
+    assert rows[0]["agree_prefill_max"] == 0.002 and rows[0]["agree_prob_tol"] == 1e-2  # agree after step 1
     assert rows[1]["agree_passed"] is None  # no agree check after step 2
     assert rows[1]["mismatch_mean"] == 3e-7 and rows[0]["mismatch_mean"] is None
 

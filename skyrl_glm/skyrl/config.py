@@ -26,7 +26,7 @@ from skyrl.train.config import (
     make_config,
 )
 
-from skyrl_glm.check.algorithm import MAX_SCALE, MAX_TOLERANCE, CheckConfig
+from skyrl_glm.check.algorithm import MAX_PROB_TOL, MAX_SCALE, MAX_TOLERANCE, CheckConfig
 from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
 from skyrl_glm.check.probes import DECODE_TOKENS, NUM_PROBES, PROBE_LENGTH, PROMPT_LENGTH
 from skyrl_glm.plugins import registry
@@ -121,7 +121,8 @@ class CheckSection:
     # The check's own settings, with the defaults of the one record the CLI and the library use (CheckConfig).
     seed: int = CheckConfig.seed
     mean_tol: float = CheckConfig.mean_tol
-    max_tol: float = CheckConfig.max_tol
+    prob_tol: float = CheckConfig.prob_tol
+    """The most one probe token's probability may move in an agree check (the rule: :class:`CheckConfig`)."""
     repeat_tol: float = CheckConfig.repeat_tol
     scale: float = CheckConfig.scale
     """Perturbation of the trainer's LoRA B in step 2 (added to every element)."""
@@ -134,8 +135,9 @@ class CheckSection:
         _bounded("skyrl_glm.check.probe_length", self.probe_length, 2, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.prompt_length", self.prompt_length, 1, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.decode_tokens", self.decode_tokens, 1, MAX_DECODE_TOKENS)
-        for name in ("mean_tol", "max_tol", "repeat_tol"):  # a bound: finite, >= 0, not one that passes anything
+        for name in ("mean_tol", "repeat_tol"):  # a bound: finite, >= 0, not one that passes anything
             _bounded(f"skyrl_glm.check.{name}", getattr(self, name), 0, MAX_TOLERANCE)
+        _bounded("skyrl_glm.check.prob_tol", self.prob_tol, 0, MAX_PROB_TOL)
         if not 0 < self.scale <= MAX_SCALE:  # step 3 needs a perturbation the sampler can miss (NaN fails too)
             raise ConfigError(f"skyrl_glm.check.scale: must be > 0 and <= {MAX_SCALE:g}, got {self.scale}")
         if self.prompt_length >= self.probe_length:
@@ -151,7 +153,7 @@ class CheckSection:
         """The algorithm's settings from this section."""
         return CheckConfig(
             mean_tol=self.mean_tol,
-            max_tol=self.max_tol,
+            prob_tol=self.prob_tol,
             repeat_tol=self.repeat_tol,
             scale=self.scale,
             seed=self.seed,

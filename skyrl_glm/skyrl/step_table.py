@@ -80,7 +80,7 @@ def print_step_table(summary: dict[str, Any], console: Console) -> None:
         "save",
         "load",
         "1st req",
-        "agree mean/max",
+        "agree mean/|dp|",
         "tol",
         "|dlogp| mean",
     )
@@ -89,9 +89,10 @@ def print_step_table(summary: dict[str, Any], console: Console) -> None:
     for r in summary["steps"]:
         margin = "-"
         if r.get("agree_prefill_mean") is not None:
-            worst = max(v for v in (r.get("agree_prefill_max"), r.get("agree_decode_max")) if v is not None)
+            probs = [r.get("agree_prefill_prob_max"), r.get("agree_decode_prob_max")]
+            worst = max((v for v in probs if v is not None), default=None)
             margin = f"{_num(r['agree_prefill_mean'])}/{_num(worst)}"
-        tol = "-" if r.get("agree_mean_tol") is None else f"{_num(r['agree_mean_tol'])}/{_num(r['agree_max_tol'])}"
+        tol = "-" if r.get("agree_mean_tol") is None else f"{_num(r['agree_mean_tol'])}/{_num(r.get('agree_prob_tol'))}"
         table.add_row(
             str(r["step"]),
             _num(r.get("reward"), ".3f"),

@@ -257,7 +257,9 @@ class GlmPPOTrainer(RayPPOTrainer):
                 lora_b_max=lora_b,
                 step=self.global_step,
                 mean_tol=config.mean_tol,
-                max_tol=config.max_tol,
+                prob_tol=config.prob_tol,
+                prefill_prob_max=result.prefill.prob_max if result.prefill else None,
+                decode_prob_max=result.decode.prob_max if result.decode else None,
             )
         )
         if not result.passed:
