@@ -79,8 +79,12 @@ class SyncSection:
     bucket_mb: int = DEFAULT_BUCKET_BYTES >> 20
     """Packed bucket size on the transport, MiB."""
     fault: str = NO_FAULT
-    """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries:
-    ``no-publish`` reports success after the first sync and sends nothing, so the sampler goes stale."""
+    """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries
+    (``no-publish``, ``double-scale``, ``wrong-target``, ``drop-experts``, ``drop-shared-experts``): from the start,
+    every sync after the first is broken (the check before step 1 must stop the run)."""
+    fault_at_step: int = 0
+    """Start ``fault`` at training step k instead (0: from the start): the syncs after step k, k+1, ... are
+    broken, the earlier ones intact, so the agree check after the sync that follows step k must stop the run."""
     expert_layout: str = PER_EXPERT
     """How vLLM takes the routed experts' LoRA, fixed when its engines start (:mod:`skyrl_glm.sync.expert_layout`):
     ``per-expert`` (every expert name; any adapter), ``shared-outer`` (vLLM's ``enable_moe_shared_loras``: one
@@ -91,6 +95,9 @@ class SyncSection:
         _choice("skyrl_glm.sync.mode", self.mode, _literal_values(SyncSection, "mode"))
         _choice("skyrl_glm.sync.expert_layout", self.expert_layout, LAYOUTS)
         _choice("skyrl_glm.sync.fault", self.fault, SKYRL_FAULTS)
+        _bounded("skyrl_glm.sync.fault_at_step", self.fault_at_step, 0, None)
+        if self.fault_at_step and self.fault == NO_FAULT:
+            raise ConfigError("skyrl_glm.sync.fault_at_step: set skyrl_glm.sync.fault too (which fault starts then)")
         _choice("skyrl_glm.sync.transport", self.transport, [AUTO_TRANSPORT, *sorted(registry().transports)])
         _bounded("skyrl_glm.sync.bucket_mb", self.bucket_mb, 1, MAX_BUCKET_MB)
 

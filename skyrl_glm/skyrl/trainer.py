@@ -44,7 +44,8 @@ CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits
 def worker_sync(glm: GlmSection, placement: PlacementConfig) -> WorkerSync:
     """The workers' part of ``skyrl_glm.sync`` (the transport resolved for the trainer's ``placement``)."""
     sync = glm.sync
-    return WorkerSync(sync.mode, resolved_transport(glm, placement), sync.bucket_bytes, sync.verify, sync.fault)
+    transport = resolved_transport(glm, placement)
+    return WorkerSync(sync.mode, transport, sync.bucket_bytes, sync.verify, sync.fault, sync.fault_at_step)
 
 
 def _render(report: CheckReport) -> str:
@@ -90,6 +91,7 @@ class GlmPPOTrainer(RayPPOTrainer):
             glm.sync.expert_layout,
             run={
                 "fault": glm.sync.fault,
+                "fault_at_step": glm.sync.fault_at_step,
                 "check": checked,
                 "targets": targets if isinstance(targets, str) else list(targets),
             },
@@ -100,6 +102,7 @@ class GlmPPOTrainer(RayPPOTrainer):
 
     # -- the wrapped sync ------------------------------------------------------------------------------
     async def _sync_then_check(self, model_id: str | None = None) -> None:
+        self._arm_fault()
         t0 = time.perf_counter()
         await self._glm_sync(model_id)
         seconds = time.perf_counter() - t0
@@ -140,6 +143,16 @@ class GlmPPOTrainer(RayPPOTrainer):
                 seconds,
                 verdict,
             )
+
+    def _arm_fault(self) -> None:
+        """``skyrl_glm.sync.fault_at_step`` k: before the sync that follows step k the workers' publisher takes the
+        fault, for this sync and every later one."""
+        sync = self.cfg.skyrl_glm.sync
+        if not sync.fault_at_step or self.global_step < sync.fault_at_step or self.summary.run.get("fault_armed_at"):
+            return
+        ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_arm_fault"))
+        self.summary.run["fault_armed_at"] = self.global_step
+        log.warning("skyrl-glm fault %s armed: the syncs from step %d on are broken", sync.fault, self.global_step)
 
     async def _first_request_seconds(self) -> float:
         """Wall time of one one-token request on the served adapter right after a sync: what the first request on
