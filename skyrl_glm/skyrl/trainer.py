@@ -30,6 +30,7 @@ from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.dapo.report import dumped_eval_metrics
 from skyrl_glm.skyrl.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
 from skyrl_glm.skyrl.config import GlmSection, resolved_transport
+from skyrl_glm.skyrl.mismatch_log import generation_kl
 from skyrl_glm.skyrl.overlong import shape_rewards
 from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
 from skyrl_glm.skyrl.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
@@ -70,6 +71,15 @@ class GlmPPOTrainer(RayPPOTrainer):
         cap = self.cfg.generator.sampling_params.max_generate_length
         shape_rewards(generator_output, self.cfg.skyrl_glm.overlong, cap)  # DAPO soft overlong penalty
         return super().postprocess_generator_output(generator_output, uids, *args, **kwargs)
+
+    def fwd_logprobs_values_reward(self, training_input: Any) -> Any:
+        """SkyRL's forward passes, then the generation KL of the step's rollouts (:func:`generation_kl`) beside
+        SkyRL's own |dlogp| figures, from the same tensors."""
+        out = super().fwd_logprobs_values_reward(training_input)
+        rollout, trained = out.get("rollout_logprobs"), out.get("action_log_probs")
+        if rollout is not None and trained is not None:
+            self.all_metrics.update(generation_kl(rollout, trained, out["loss_mask"]))
+        return out
 
     async def eval(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         metrics = await super().eval(*args, **kwargs)
