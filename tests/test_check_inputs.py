@@ -18,7 +18,7 @@ from skyrl_glm.check.runner import CheckOptions, run
 from skyrl_glm.usage import UsageError
 
 
-@pytest.mark.parametrize("field", ["mean_tol", "max_tol", "repeat_tol"])
+@pytest.mark.parametrize("field", ["mean_tol", "prob_tol", "repeat_tol"])
 @pytest.mark.parametrize("value", [math.nan, math.inf, -0.1, 1e30])
 def test_a_bound_that_is_not_a_real_number_or_passes_anything_is_refused(field, value):
     with pytest.raises(ValueError, match=field):

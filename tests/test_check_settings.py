@@ -4,6 +4,8 @@ table of faults for the check and the SkyRL section."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from skyrl_glm.check.algorithm import CheckConfig
@@ -17,13 +19,13 @@ def test_skyrl_section_cli_and_library_share_the_defaults() -> None:
     section = load_config(None, ["trainer.policy.model.lora.rank=8"]).skyrl_glm.check
     assert section.check_config() == CheckConfig()
     cli = build_parser().parse_args(["check"])
-    assert (cli.scale, cli.mean_tol, cli.max_tol) == (section.scale, section.mean_tol, section.max_tol)
+    assert (cli.scale, cli.mean_tol, cli.prob_tol) == (section.scale, section.mean_tol, section.prob_tol)
 
 
 def test_the_section_builds_the_algorithms_settings_from_its_keys() -> None:
     overrides = ["skyrl_glm.check.mean_tol=0.001", "skyrl_glm.check.scale=0.2", "skyrl_glm.check.decode=false"]
     section = load_config("tiny_cpu_grpo", overrides).skyrl_glm.check
-    assert section.check_config() == CheckConfig(mean_tol=0.001, max_tol=0.01, scale=0.2, decode=False)
+    assert section.check_config() == CheckConfig(mean_tol=0.001, prob_tol=0.01, scale=0.2, decode=False)
 
 
 @pytest.mark.parametrize(
@@ -47,6 +49,21 @@ def test_one_faults_table_drives_the_check_and_the_skyrl_section() -> None:
     assert inject(NO_FAULT, publisher, sampler) == (publisher, sampler)
     assert FAULTS == (NO_FAULT, *FAULT_TABLE) and EXPECTED_FAILURE["drop-aliases"] == 4
     assert load_config("tiny_cpu_grpo", ["skyrl_glm.sync.fault=no-publish"]).skyrl_glm.sync.fault == "no-publish"
-    # a fault the SkyRL run cannot inject is refused, naming the ones it can
-    with pytest.raises(ConfigError, match=r"skyrl_glm.sync.fault: must be one of none\|no-publish, got 'double-scale'"):
-        load_config("tiny_cpu_grpo", ["skyrl_glm.sync.fault=double-scale"])
+    # a fault the SkyRL run cannot inject (a sampler's, or one the disk baseline already breaks) is refused, naming
+    # the ones it can: the publisher faults
+    skyrl = "none|no-publish|double-scale|wrong-target|drop-experts|drop-shared-experts"
+    assert all(FAULT_TABLE[f].publisher is not None for f in skyrl.split("|")[1:])
+    for refused in ("prefill-only", "drop-aliases"):
+        with pytest.raises(
+            ConfigError, match=rf"skyrl_glm.sync.fault: must be one of {re.escape(skyrl)}, got '{refused}'"
+        ):
+            load_config("tiny_cpu_grpo", [f"skyrl_glm.sync.fault={refused}"])
+
+
+def test_a_fault_at_step_k_names_its_fault_and_a_step() -> None:
+    sync = load_config("canary", ["skyrl_glm.sync.fault=no-publish", "skyrl_glm.sync.fault_at_step=3"]).skyrl_glm.sync
+    assert (sync.fault, sync.fault_at_step) == ("no-publish", 3)
+    with pytest.raises(ConfigError, match="skyrl_glm.sync.fault_at_step: set skyrl_glm.sync.fault too"):
+        load_config("canary", ["skyrl_glm.sync.fault_at_step=3"])
+    with pytest.raises(ConfigError, match=r"skyrl_glm.sync.fault_at_step: must be >= 0, got -1"):
+        load_config("canary", ["skyrl_glm.sync.fault=no-publish", "skyrl_glm.sync.fault_at_step=-1"])

@@ -4,14 +4,18 @@ experts is checked here at this level; ``test_layouts_gpu.py`` runs it on the GP
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import torch
 from toy_lora import ToySampler, ToyTrainer, V
 
 from skyrl_glm.check.algorithm import CheckConfig, run_check
-from skyrl_glm.check.faults import NO_FAULT, inject
+from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS, FaultNotApplicable, inject, inject_in_skyrl
 from skyrl_glm.check.probes import make_probes
 from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
+from skyrl_glm.sync.update import UpdateResult
 
 MODULE = "1.mlp.experts.0.gate_proj"  # routed experts only: every name is one the drop-experts fault removes
 
@@ -63,3 +67,51 @@ def test_a_decode_mismatch_says_which_side_it_is_on(fault, trainer, own_prefill_
     assert report.passed == (fault == NO_FAULT and trainer is ToyTrainer), [(s.step, s.detail) for s in report.steps]
     if not report.passed:
         assert "its own prefill" in report.first_failure.detail, report.first_failure.detail
+
+
+class Sent:
+    """What a fault hands on to the publisher behind it, in order (the wrapper's routing alone is under test)."""
+
+    def __init__(self) -> None:
+        self.adapters: list[dict[str, torch.Tensor]] = []
+
+    def publish(self, adapter: dict, adapter_config: dict, version: int) -> UpdateResult:
+        self.adapters.append(dict(adapter))
+        return UpdateResult(True, version)
+
+    async def publish_async(self, adapter: dict, adapter_config: dict, version: int) -> UpdateResult:
+        return self.publish(adapter, adapter_config, version)
+
+
+ADAPTER = {
+    f"base_model.model.model.layers.{layer}.{module}.lora_{x}.weight": torch.full((2, 2), 1.0 + layer)
+    for layer in (0, 1)
+    for module in ("self_attn.q_proj", "mlp.shared_experts.gate_proj", "mlp.experts.0.gate_proj")
+    for x in "AB"
+}
+
+
+def _intact(sent: dict[str, torch.Tensor]) -> bool:
+    return sent.keys() == ADAPTER.keys() and all(torch.equal(sent[k], ADAPTER[k]) for k in ADAPTER)
+
+
+@pytest.mark.parametrize("fault", [f for f in SKYRL_FAULTS if f != NO_FAULT])
+@pytest.mark.parametrize(("spare_first", "intact"), [(True, [True]), (False, [])])
+def test_a_skyrl_fault_spares_the_first_update_only_when_it_starts_with_the_run(fault, spare_first, intact):
+    """From the start (``skyrl_glm.sync.fault``) the first update goes out intact, as the initial sync must; started
+    after step k (``fault_at_step``) the first update it sees is already broken, and so is every later one."""
+    inner = Sent()
+    broken = inject_in_skyrl(fault, inner, spare_first=spare_first)
+    results = [asyncio.run(broken.publish_async(ADAPTER, {"r": 8, "lora_alpha": 16}, v)) for v in (1, 2, 3)]
+    assert all(r.ok for r in results), results  # a broken handoff claims success: only the check can tell
+    assert [_intact(a) for a in inner.adapters if _intact(a)] == intact, fault
+    sent_broken = [a for a in inner.adapters if not _intact(a)]
+    assert len(sent_broken) == (0 if fault == "no-publish" else 3 - len(intact)), fault
+
+
+@pytest.mark.parametrize("fault", ["double-scale", "wrong-target", "drop-shared-experts"])
+def test_a_fault_that_rewrites_names_refuses_an_adapter_without_them(fault):
+    """Megatron's streamed export arrives deduplicated, not as name -> tensor: such a fault says so, one line."""
+    broken = inject_in_skyrl(fault, Sent(), spare_first=False)
+    with pytest.raises(FaultNotApplicable, match=f"{fault} needs the adapter as a name -> tensor map"):
+        broken.publish(iter(()), {"r": 8, "lora_alpha": 16}, 1)

@@ -291,3 +291,29 @@ def test_a_part_missing_from_the_sums_is_named(device, capsys) -> None:
     sums = folder / "parts" / "SHA256SUMS"
     sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines() if "part001" not in line))
     _refused(module, folder, capsys, "stack: part 1 is not in SHA256SUMS")
+
+
+def test_gpu_verify_seed_steps_lr_and_fault_at_step_variants(tmp_path: Path) -> None:
+    """The canary's and the in-training faults' lanes: ``@seedN``, ``@stepsN``, ``@lrX`` and ``@fault_NAME_atK``
+    (one variant, two overrides: the fault with its dashes back, and its step), each run under its own name."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "skyrl-glm").write_text('#!/bin/sh\necho "args: $*"\n')
+    (bin_dir / "skyrl-glm").chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "GPU_BUDGET_S": "30", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    lane = "canary_memory@seed2@steps16@lr5e-2@wide,train_glm53@fault_drop_shared_experts_at3"
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-verify"), lane], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "train_glm53@fault_drop_shared_experts_at3: exit 0 in " in done.stdout, done.stdout
+    with tarfile.open(out / "results.tar.gz") as tar:
+        canary = tar.extractfile("logs/canary_memory@seed2@steps16@lr5e-2@wide.log").read().decode()  # type: ignore[union-attr]
+        fault = tar.extractfile("logs/train_glm53@fault_drop_shared_experts_at3.log").read().decode()  # type: ignore[union-attr]
+    args = canary.split()
+    assert {"trainer.seed=2", "trainer.max_training_steps=16", "trainer.policy.optimizer_config.lr=5e-2"} <= set(args)
+    assert {"trainer.train_batch_size=16", "generator.n_samples_per_prompt=32"} <= set(args)
+    assert "skyrl_glm.sync.fault=drop-shared-experts skyrl_glm.sync.fault_at_step=3 " in fault, fault
+    assert f"trainer.log_path={out}/runs/train_glm53_fault_drop_shared_experts_at3/logs" in fault

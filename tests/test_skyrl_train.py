@@ -1,11 +1,12 @@
 """SkyRL 0.4's real GRPO loop on CPU (Ray, FSDP2 policy worker, SkyRL's vLLM server + router, skyrl-glm's envs)
 with skyrl-glm's sync and check inside it: the canary with the memory sync over the collective transport on gloo
 (the reward must rise: the loop learns through the sync), the tiny recipe with SkyRL's disk sync, and the canary
-with a broken sync (memory over shared memory), which the check stops before step 1.
+with a broken sync (memory over shared memory), which the check stops before step 1, and the canary whose sync
+breaks after step 2, which the agree check after that sync stops.
 
 Each run is a subprocess through one of the two doors (`skyrl-glm train`, or SkyRL's `main_base` with
 `trainer.override_entrypoint=skyrl_glm.train`), about 100 s on 2 cores (Ray, the vLLM CPU server and the policy
-worker start per run), and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`. The three runs start
+worker start per run), and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`. The four runs start
 together when the first test asks for one (each has its own Ray cluster, ports, control key and directories, as
 two runs on one host do: docs/skyrl.md), so their start-ups, which mostly keep one core busy with imports, overlap;
 each test then judges its own run.
@@ -40,6 +41,7 @@ CANARY_STEPS = 16
 MIN_RISE = 0.05
 RISE_WINDOW = 4
 SECONDS_PER_SYNC: dict[str, list[float]] = {}
+FAULT_STEP = 2  # the fault-at-step run's fault starts with the sync after this step
 DISK_LORA_WARNING = "saves LoRA adapters to disk"  # SkyRL's warning when trainer and vLLM are not colocated
 
 
@@ -126,7 +128,7 @@ def assert_step_figures(summary: dict[str, Any], mode: str, steps: int) -> None:
     for r in rows:
         assert r["reward"] is not None and r["step_s"] > 0 and r["generate_s"] > 0, r
         assert r["sync_s"] > 0 and r["first_request_s"] > 0 and all(r[k] > 0 for k in stages), r
-        assert r["agree_passed"] and r["agree_prefill_max"] <= r["agree_max_tol"] == 1e-2, r
+        assert r["agree_passed"] and r["agree_prefill_prob_max"] <= r["agree_prob_tol"] == 1e-2, r
         assert r["agree_prefill_mean"] <= r["agree_mean_tol"] == 1e-3, r
         assert r["mismatch_mean"] is not None, r
 
@@ -152,7 +154,7 @@ CANARY_EVALS = (
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """The module's three runs, started together (see the module's docstring); any still running at the end is
+    """The module's four runs, started together (see the module's docstring); any still running at the end is
     stopped."""
     cache = tmp_path_factory.mktemp("tiny-models")
     started = {
@@ -165,6 +167,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
         # Through SkyRL's own entrypoint: `main_base trainer.override_entrypoint=skyrl_glm.train`.
         "disk": ("skyrl_glm.sync.mode=disk", "generator.sampling_params.temperature=0.7", {"door": SKYRL_MAIN}),
         "no-publish": ("skyrl_glm.sync.fault=no-publish", {"recipe": CANARY}),
+        # A fault that starts mid-run: the shared expert's LoRA dropped from every sync after step 2 (the CPU
+        # analogue of drop-experts); the agree check after that sync must stop the run. Four steps at most, so a
+        # missed fault ends the run (exit 0) instead of training on.
+        "fault-at-step": (
+            "skyrl_glm.sync.fault=drop-shared-experts",
+            f"skyrl_glm.sync.fault_at_step={FAULT_STEP}",
+            "trainer.max_training_steps=4",
+            {"recipe": CANARY},
+        ),
     }
     out = {}
     for name, (*overrides, options) in started.items():
@@ -255,3 +266,28 @@ def test_a_broken_sync_aborts_at_the_first_check_with_the_report(runs: dict[str,
     assert "Finished: 'step'" not in run_log(tmp_path)  # no training step ran
     assert proc.stderr.splitlines()[-2].startswith("summary: "), tail(proc)
     assert proc.stderr.splitlines()[-1].startswith("full log: "), tail(proc)
+
+
+def test_a_fault_started_at_step_k_is_stopped_by_the_agree_check_after_the_next_sync(runs: dict[str, Run]) -> None:
+    """The syncs before and after step 1 are intact (the check before step 1 and the agree check after step 1 pass);
+    the sync after step 2 sends the adapter without the shared expert's LoRA and the agree check after it stops the
+    run: within one sync of the fault, with the report."""
+    from skyrl_glm.skyrl.step_table import stop_verdict
+
+    tmp_path = runs["fault-at-step"].tmp
+    proc, summary = runs["fault-at-step"].result()
+    assert proc.returncode == 1, tail(proc)
+    assert summary is not None
+    assert summary["check"]["passed"], summary["check"]  # the fault had not started before step 1
+    assert summary["run"]["fault_armed_at"] == FAULT_STEP
+    assert [(a["step"], a["passed"]) for a in summary["agree"]] == [(1, True), (FAULT_STEP, False)], summary["agree"]
+    # step 2's figures are logged after its sync, which the check stopped: the summary holds step 1's row
+    assert [r["step"] for r in summary["steps"]] == [1]
+    assert summary["steps"][0]["gen_kl"] < 1e-6, summary["steps"]  # fp32 both sides: the rollouts agree
+    assert stop_verdict(summary) == f"caught after step {FAULT_STEP}"
+    failed = summary["agree"][-1]
+    assert failed["prefill_mean"] > failed["mean_tol"], failed  # the trained shared expert is missing on the sampler
+    assert "stopped by the handoff check" in proc.stderr and "agree check FAILED after sync 3" in proc.stderr, tail(
+        proc
+    )
+    assert "Finished: 'step'" in run_log(tmp_path)  # step 1 ran to its end

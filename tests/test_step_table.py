@@ -22,8 +22,8 @@ def _summary(fault: str = "none", rewards: tuple[float, ...] = (0.04, 0.05, 0.2,
     for step in range(len(rewards) + 1):
         stages = {"dedup_s": 0.001 * (step + 1), "pack_s": 0.001, "receive_s": 0.002, "load_s": 0.003}
         s.syncs.append(SyncRecord(0.01 * (step + 1), stages, step, 0.05))
-    s.agree = [AgreeRecord(k + 1, True, 0.002, 0.0005, 0.003, 0.001, 0.4, k, 1e-3, 1e-2) for k in (1, 3)]
-    s.mismatch = [{"step": 2, "policy/rollout_train_logprobs_abs_diff_mean": 3e-7}]
+    s.agree = [AgreeRecord(k + 1, True, 0.002, 0.0005, 0.003, 0.001, 0.4, k, 1e-3, 1e-2, 1e-4, 2e-4) for k in (1, 3)]
+    s.mismatch = [{"step": 2, "policy/rollout_train_logprobs_abs_diff_mean": 3e-7, "skyrl_glm/gen_kl": 2e-9}]
     callback = StepMetrics()
     trainer = SimpleNamespace(summary=s)
     callback.on_log(trainer, SimpleNamespace(logs={"eval/x": 1.0}, global_step=0), None)  # the eval: no timing/step
@@ -40,9 +40,10 @@ def test_step_rows_join_each_steps_sync_agree_check_and_mismatch() -> None:
     assert rows[0]["step_s"] == 2.0 and rows[0]["generate_s"] == 0.5 and "other_s" not in rows[0]
     assert rows[1]["sync_s"] == 0.03 and rows[1]["first_request_s"] == 0.05
     assert rows[1]["plan_s"] == pytest.approx(0.004)  # the plan's parts, summed
-    assert rows[0]["agree_prefill_max"] == 0.002 and rows[0]["agree_max_tol"] == 1e-2  # agree after step 1
+    assert rows[0]["agree_prefill_max"] == 0.002 and rows[0]["agree_prob_tol"] == 1e-2  # agree after step 1
     assert rows[1]["agree_passed"] is None  # no agree check after step 2
     assert rows[1]["mismatch_mean"] == 3e-7 and rows[0]["mismatch_mean"] is None
+    assert rows[1]["gen_kl"] == 2e-9 and rows[0]["gen_kl"] is None
 
 
 def test_canary_reward_is_the_digit_share() -> None:
@@ -86,6 +87,11 @@ def test_report_canary_prints_each_runs_table_and_plots_the_curves(tmp_path, cap
     )
     out = capsys.readouterr().out
     assert "per step (memory sync)" in out and "per step (memory sync, no-publish, check off)" in out, out
+    rows = {
+        line.split()[1]: line for line in out.splitlines() if line.startswith("│ memory") or line.startswith("│ stale")
+    }
+    assert "no stop" in rows["memory"] and "0.040 -> 0.300" in rows["memory"], out  # one row per run, by its dir
+    assert "check off" in rows["stale"], out
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert [len(run) for run in json.loads((tmp_path / "c.json").read_text())] == [4, 4]
 
@@ -170,3 +176,37 @@ def test_report_canary_outputs_never_overwrite_an_input(tmp_path, capsys) -> Non
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert summary.read_bytes() == before and not list(tmp_path.glob("x.*"))
+
+
+def _stopped_after(step: int | None, fault: str = "none", at: int = 0) -> dict:
+    """A run summary (as JSON) whose agree check after ``step`` failed (None: none failed; 0: the check before
+    step 1 failed), with ``fault`` started at step ``at``."""
+    s = _summary(fault)
+    s.run = {"fault": fault, "fault_at_step": at, "check": True}
+    s.agree = [AgreeRecord(k + 1, k != step, 0.1, 0.01, 0.1, 0.01, 0.4, k, 0.05, 0.1) for k in range(1, 5)]
+    out = s.to_json()
+    if step == 0:
+        out["check"] = {"passed": False}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("stopped", "fault", "at", "verdict"),
+    [
+        (None, "none", 0, "no stop"),
+        (3, "none", 0, "FALSE STOP after step 3"),
+        (0, "no-publish", 0, "caught before step 1"),
+        (3, "drop-experts", 3, "caught after step 3"),
+        (4, "drop-experts", 3, "LATE: stopped after step 4, fault at 3"),
+        (2, "drop-experts", 3, "EARLY: stopped after step 2, fault at 3"),
+        (None, "wrong-target", 2, "MISSED"),
+    ],
+)
+def test_a_runs_verdict_names_false_stops_and_faults_caught_within_one_sync(stopped, fault, at, verdict) -> None:
+    from skyrl_glm.skyrl.step_table import digest
+
+    d = digest(_stopped_after(stopped, fault, at))
+    assert d["verdict"] == verdict
+    assert (d["steps"], d["agree_checks"], d["agree_passed"]) == (4, 4, 4 if stopped in (None, 0) else 3)
+    assert (d["reward_first"], d["reward_last"], d["rise"]) == (0.04, 0.3, None)  # a rise needs 8 steps
+    assert d["gen_kl_max"] == d["gen_kl_median"] == 2e-9

@@ -45,6 +45,7 @@ class SamplerScorer(Protocol):
 # large already saturates every softmax.
 MAX_TOLERANCE = 10.0
 MAX_SCALE = 10.0
+MAX_PROB_TOL = 1.0  # no token's probability can move by more: at 1 the per-token bound is off, the mean alone judges
 # Rounds of each calibration: trainer scorings per target group to find its scale alone, then rounds of one
 # leave-one-out scoring per group plus one of all groups (tiny models: milliseconds each).
 CALIBRATION_ROUNDS = 4
@@ -53,8 +54,19 @@ BALANCE_STEP = 2.0  # the most one leave-one-out round moves a group's scale, up
 
 @dataclass(frozen=True)
 class CheckConfig:
+    """The check's tolerances, perturbation, seed and decode path: the one record the CLI, the library and a SkyRL
+    run's ``skyrl_glm.check`` section read.
+
+    An agree step (1 and 5, and the agree checks after every sync of a SkyRL run) passes when, on each measured path,
+    every logprob is finite, the mean |dlogp| over the probe tokens is at most ``mean_tol`` and no probe token's
+    probability moved by more than ``prob_tol`` (``|exp(lp_trainer) - exp(lp_sampler)|``). The mean carries the
+    power of the steps that must disagree (``group_margin`` is counted in it); the per-token bound is in probability,
+    not log-probability, because a bf16 sampler's logprob error grows as a token's probability falls (its logit is
+    rounded relative to its size, and a sharpening policy pushes the random probe tokens far down), while the
+    probability such a token can move stays below its own, tiny, probability (docs/check.md)."""
+
     mean_tol: float = 0.05
-    max_tol: float = 0.5
+    prob_tol: float = 0.1
     repeat_tol: float = 1e-6
     scale: float = 0.1
     seed: int = 0
@@ -69,8 +81,9 @@ class CheckConfig:
     def __post_init__(self) -> None:
         """Bounds are finite and in ``0..MAX_TOLERANCE``: every comparison with a NaN bound is false, so it would pass
         anything, and so would a huge one. The perturbation is ``> 0`` (step 3 needs one the stale sampler misses)."""
-        for name in ("mean_tol", "max_tol", "repeat_tol", "group_margin"):
+        for name in ("mean_tol", "repeat_tol", "group_margin"):
             tolerance(name, getattr(self, name), MAX_TOLERANCE)
+        tolerance("prob_tol", self.prob_tol, MAX_PROB_TOL)
         if not (math.isfinite(self.scale) and 0 < self.scale <= MAX_SCALE):
             raise UsageError(f"scale must be a number > 0 and <= {MAX_SCALE:g}, got {self.scale}")
 
@@ -80,18 +93,28 @@ class CheckConfig:
         return self.group_margin * self.mean_tol
 
 
+def _prob_gap(x: float, y: float) -> float:
+    """|exp(x) - exp(y)| for two logprobs; NaN where either is not finite (so the step fails, as for |dlogp|)."""
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return math.nan
+    return abs(math.exp(min(x, 0.0)) - math.exp(min(y, 0.0)))
+
+
 @dataclass
 class Diff:
-    """|dlogp| per token between two scorings of the same tokens. ``own_prefill``, on a decode diff: the sampler's
-    decode logprobs against its own prefill of the same tokens (where the decode path disagrees and this does not,
-    the trainer is off on those tokens; where this is large too, the sampler's decode path is)."""
+    """|dlogp| per token between two scorings of the same tokens, and how far each token's probability moved
+    (``prob_per_token``). ``own_prefill``, on a decode diff: the sampler's decode logprobs against its own prefill of
+    the same tokens (where the decode path disagrees and this does not, the trainer is off on those tokens; where
+    this is large too, the sampler's decode path is)."""
 
     per_token: list[float]
+    prob_per_token: list[float] = field(default_factory=list)
     own_prefill: Diff | None = None
 
     @classmethod
     def between(cls, a: list[list[float]], b: list[list[float]]) -> Diff:
-        return cls([abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)])
+        pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+        return cls([abs(x - y) for x, y in pairs], [_prob_gap(x, y) for x, y in pairs])
 
     @property
     def mean(self) -> float:
@@ -103,20 +126,25 @@ class Diff:
         return math.nan if self.nonfinite else max(self.per_token, default=0.0)
 
     @property
+    def prob_max(self) -> float:
+        """The most any one token's probability moved (NaN where a logprob was not finite)."""
+        return math.nan if self.nonfinite else max(self.prob_per_token, default=0.0)
+
+    @property
     def nonfinite(self) -> int:
         """Tokens where either side's logprob was NaN or infinite: such a score fails its step."""
         return sum(1 for x in self.per_token if not math.isfinite(x))
 
-    def within(self, mean_tol: float, max_tol: float) -> bool:
-        """Written so that a NaN fails it: ``nan <= tol`` is false."""
-        return self.nonfinite == 0 and self.mean <= mean_tol and self.max <= max_tol
+    def within(self, mean_tol: float, prob_tol: float) -> bool:
+        """The agree rule (:class:`CheckConfig`), written so that a NaN fails it: ``nan <= tol`` is false."""
+        return self.nonfinite == 0 and self.mean <= mean_tol and self.prob_max <= prob_tol
 
     def describe(self, label: str) -> str:
         if self.nonfinite:
             return f"{label}: {self.nonfinite} of {len(self.per_token)} tokens have a non-finite logprob"
         own = self.own_prefill
         mine = f" (the sampler's decode vs its own prefill: mean {own.mean:.4g} max {own.max:.4g})" if own else ""
-        return f"{label} mean {self.mean:.4g} max {self.max:.4g}{mine}"
+        return f"{label} mean {self.mean:.4g} max {self.max:.4g} max|dp| {self.prob_max:.4g}{mine}"
 
 
 @dataclass
@@ -169,10 +197,10 @@ def decode_diff(trainer: TrainerScorer, sampler: SamplerScorer, probes: Probes) 
 def judge_agreement(
     step: int, name: str, prefill: Diff, decode: Diff | None, config: CheckConfig, seconds: float
 ) -> StepResult:
-    """An agree step's verdict: every measured path within the mean and max tolerances."""
+    """An agree step's verdict: every measured path within the mean |dlogp| and per-token |dp| tolerances."""
     measured = [(d, label) for d, label in ((prefill, "prefill"), (decode, "decode")) if d is not None]
-    bad = [d.describe(lbl) for d, lbl in measured if not d.within(config.mean_tol, config.max_tol)]
-    detail = "; ".join(bad) if bad else f"within mean<={config.mean_tol}, max<={config.max_tol}"
+    bad = [d.describe(lbl) for d, lbl in measured if not d.within(config.mean_tol, config.prob_tol)]
+    detail = "; ".join(bad) if bad else f"within mean<={config.mean_tol}, max|dp|<={config.prob_tol}"
     return StepResult(step, name, not bad, detail, seconds, prefill, decode)
 
 

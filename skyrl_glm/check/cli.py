@@ -43,7 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--scale", type=float, default=CheckConfig.scale, help="lora_B perturbation scale")
     p.add_argument("--mean-tol", type=float, default=CheckConfig.mean_tol)
-    p.add_argument("--max-tol", type=float, default=CheckConfig.max_tol)
+    p.add_argument(
+        "--prob-tol",
+        type=float,
+        default=CheckConfig.prob_tol,
+        help="the most one probe token's probability may move in an agree step (|exp(lp_t) - exp(lp_s)|)",
+    )
     p.add_argument(
         "--repeat-tol",
         type=float,
@@ -84,7 +89,7 @@ def options_from_args(args: argparse.Namespace) -> CheckOptions:
         config=CheckConfig(
             repeat_tol=args.repeat_tol,
             mean_tol=args.mean_tol,
-            max_tol=args.max_tol,
+            prob_tol=args.prob_tol,
             scale=args.scale,
             seed=args.seed,
             decode=not args.no_decode,

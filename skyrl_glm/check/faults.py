@@ -25,12 +25,14 @@ class FaultNotApplicable(UsageError):
 
 
 class _BreaksUpdates:
-    """The initial adapter goes out intact (so step 1 can agree); every later update goes through ``broken``.
-    ``publish_async`` is the same for a publisher driven from an event loop (SkyRL's policy workers)."""
+    """A publisher fault: the initial adapter goes out intact (so step 1 can agree, and a SkyRL run starts on the
+    trainer's adapter), every later update goes through :meth:`altered`. ``spare_first=False`` breaks every update
+    from the first (a fault started mid-run, ``skyrl_glm.sync.fault_at_step``). ``publish_async`` is the same for a
+    publisher driven from an event loop (SkyRL's policy workers)."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, *, spare_first: bool = True) -> None:
         self.inner = inner
-        self.first = True
+        self.first = spare_first
 
     def _intact(self) -> bool:
         first, self.first = self.first, False
@@ -39,21 +41,36 @@ class _BreaksUpdates:
     def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         if self._intact():
             return self.inner.publish(adapter, adapter_config, version)
-        return self.broken(adapter, adapter_config, version)
+        altered = self.altered(adapter, adapter_config, version)
+        if isinstance(altered, UpdateResult):
+            return altered
+        return self.inner.publish(altered, adapter_config, version)
 
     async def publish_async(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         if self._intact():
             return await self.inner.publish_async(adapter, adapter_config, version)
-        return self.broken(adapter, adapter_config, version)
+        altered = self.altered(adapter, adapter_config, version)
+        if isinstance(altered, UpdateResult):
+            return altered
+        return await self.inner.publish_async(altered, adapter_config, version)
 
-    def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+    def altered(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> Any:
+        """The adapter the broken handoff sends instead, or the result it reports without sending anything."""
         raise NotImplementedError
+
+
+def _tensors(adapter: Any, fault: str) -> dict[str, torch.Tensor]:
+    """The adapter as name -> tensor; an adapter that arrives already deduplicated (Megatron's streamed export)
+    has no per-name tensors to break."""
+    if not isinstance(adapter, Mapping):
+        raise FaultNotApplicable(f"{fault} needs the adapter as a name -> tensor map, got {type(adapter).__name__}")
+    return dict(adapter)
 
 
 class NoPublish(_BreaksUpdates):
     """Claims success and sends nothing: the sampler stays stale."""
 
-    def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+    def altered(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         return UpdateResult(True, version, reason="fault no-publish: nothing sent")
 
 
@@ -62,7 +79,9 @@ class DropAliases(_BreaksUpdates):
 
     inner: InMemoryPublisher
 
-    def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+        if self._intact():
+            return self.inner.publish(adapter, adapter_config, version)
         if not hasattr(self.inner, "plan"):
             raise FaultNotApplicable("drop-aliases needs an in-memory transport (the disk baseline sends no alias map)")
         plan = self.inner.plan(adapter, adapter_config, version)
@@ -77,62 +96,54 @@ class DropGroup(_BreaksUpdates):
     that group, as a loader that silently skips it would. An adapter of that group alone leaves nothing to send:
     success is claimed and nothing is sent (an empty update would be refused), so the sampler stays stale."""
 
-    def __init__(self, inner: Any, marker: str, label: str) -> None:
-        super().__init__(inner)
+    def __init__(self, inner: Any, marker: str, label: str, *, spare_first: bool = True) -> None:
+        super().__init__(inner, spare_first=spare_first)
         self.marker, self.label = marker, label
 
-    def broken(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
-        tensors = dict(adapter)
+    def altered(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> Any:
+        tensors = _tensors(adapter, f"drop-{self.label}")
         kept = {k: v for k, v in tensors.items() if self.marker not in k}
         if len(kept) == len(tensors):
             raise FaultNotApplicable(f"drop-{self.label} needs an adapter with {self.label} LoRA; this one has none")
         if not kept:
             return UpdateResult(True, version, reason=f"fault drop-{self.label}: every tensor dropped, nothing sent")
-        return self.inner.publish(kept, adapter_config, version)
+        return kept
 
 
-def drop_experts(inner: Any) -> DropGroup:
+def drop_experts(inner: Any, *, spare_first: bool = True) -> DropGroup:
     """The routed experts dropped (the per-expert names vLLM loads hold ``.mlp.experts.``)."""
-    return DropGroup(inner, ".mlp.experts.", "experts")
+    return DropGroup(inner, ".mlp.experts.", "experts", spare_first=spare_first)
 
 
-def drop_shared_experts(inner: Any) -> DropGroup:
+def drop_shared_experts(inner: Any, *, spare_first: bool = True) -> DropGroup:
     """The shared expert dropped: the CPU sampler's analogue of drop-experts (vLLM's CPU build serves no routed
     expert LoRA, but it serves the shared expert's)."""
-    return DropGroup(inner, ".shared_experts.", "shared-experts")
+    return DropGroup(inner, ".shared_experts.", "shared-experts", spare_first=spare_first)
 
 
-class DoubleScale:
+class DoubleScale(_BreaksUpdates):
     """Scales lora_B by alpha/r before the plan folds it again: the upstream aliasing bug's symptom."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
+    def altered(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> Any:
         scale = adapter_config["lora_alpha"] / adapter_config["r"]
         if scale == 1:
             raise FaultNotApplicable("double-scale needs lora_alpha != r")
-        scaled = {k: (v * scale if ".lora_B." in k else v) for k, v in dict(adapter).items()}
-        return self.inner.publish(scaled, adapter_config, version)
+        return {k: (v * scale if ".lora_B." in k else v) for k, v in _tensors(adapter, "double-scale").items()}
 
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.self_attn\.")
 
 
-class WrongTarget:
+class WrongTarget(_BreaksUpdates):
     """Publishes attention adapters under the next layer's names (same shapes, wrong modules)."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def publish(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
-        tensors: dict[str, torch.Tensor] = dict(adapter)
+    def altered(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> Any:
+        tensors = _tensors(adapter, "wrong-target")
         layers = sorted({int(m.group(1)) for k in tensors if (m := _LAYER.search(k))})
         if len(layers) < 2:
             raise FaultNotApplicable("wrong-target needs attention adapters on at least two layers")
         nxt = {a: b for a, b in zip(layers, layers[1:] + layers[:1], strict=True)}
-        moved = {_LAYER.sub(lambda m: f".layers.{nxt[int(m.group(1))]}.self_attn.", k): v for k, v in tensors.items()}
-        return self.inner.publish(moved, adapter_config, version)
+        return {_LAYER.sub(lambda m: f".layers.{nxt[int(m.group(1))]}.self_attn.", k): v for k, v in tensors.items()}
 
 
 class PrefillOnlySampler:
@@ -164,7 +175,8 @@ class Fault:
     publisher: Callable[[Any], Any] | None = None
     sampler: Callable[[Any], Any] | None = None
     in_skyrl: bool = False
-    """Also injectable into a SkyRL run's memory sync (``skyrl_glm.sync.fault``)."""
+    """Also injectable into a SkyRL run's memory sync (``skyrl_glm.sync.fault``, from the start or from the sync
+    after step k: ``skyrl_glm.sync.fault_at_step``)."""
     needs: str | None = None
     """The target kind the adapter must hold for the fault to apply (checked before any engine starts)."""
 
@@ -174,11 +186,11 @@ class Fault:
 FAULT_TABLE: dict[str, Fault] = {
     "no-publish": Fault(5, publisher=NoPublish, in_skyrl=True),
     "drop-aliases": Fault(4, publisher=DropAliases),
-    "double-scale": Fault(5, publisher=DoubleScale),
-    "wrong-target": Fault(5, publisher=WrongTarget),
+    "double-scale": Fault(5, publisher=DoubleScale, in_skyrl=True),
+    "wrong-target": Fault(5, publisher=WrongTarget, in_skyrl=True),
     "prefill-only": Fault(5, sampler=PrefillOnlySampler),
-    "drop-experts": Fault(5, publisher=drop_experts, needs="routed_expert"),
-    "drop-shared-experts": Fault(5, publisher=drop_shared_experts, needs="shared_expert"),
+    "drop-experts": Fault(5, publisher=drop_experts, needs="routed_expert", in_skyrl=True),
+    "drop-shared-experts": Fault(5, publisher=drop_shared_experts, needs="shared_expert", in_skyrl=True),
 }
 NO_FAULT = "none"
 FAULTS = (NO_FAULT, *FAULT_TABLE)
@@ -200,8 +212,13 @@ def inject(fault: str, publisher: Any, sampler: Any) -> tuple[Any, Any]:
     return publisher, sampler
 
 
-def inject_in_skyrl(fault: str, publisher: Any) -> Any:
-    """A SkyRL worker's publisher with ``fault`` applied (one of :data:`SKYRL_FAULTS`: publisher faults only)."""
+def inject_in_skyrl(fault: str, publisher: Any, *, spare_first: bool = True) -> Any:
+    """A SkyRL worker's publisher with ``fault`` applied (one of :data:`SKYRL_FAULTS`: publisher faults only);
+    ``spare_first=False``: every update broken, the first too (a fault started after step k)."""
     if fault not in SKYRL_FAULTS:
         raise ValueError(f"fault {fault!r} cannot be injected into a SkyRL run; choose from {SKYRL_FAULTS}")
-    return inject(fault, publisher, None)[0]
+    if fault == NO_FAULT:
+        return publisher
+    make = FAULT_TABLE[fault].publisher
+    assert make is not None  # in_skyrl faults are publisher faults (tests/test_check_settings.py)
+    return make(publisher, spare_first=spare_first)

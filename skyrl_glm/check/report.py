@@ -17,7 +17,8 @@ def _diff_json(d: Diff | None) -> dict[str, Any] | None:
     if d is None:
         return None
     own = {"own_prefill": _diff_json(d.own_prefill)} if d.own_prefill is not None else {}
-    return {"mean": d.mean, "max": d.max, "per_token": d.per_token, **own}
+    probs = {"prob_max": d.prob_max, "prob_per_token": d.prob_per_token}
+    return {"mean": d.mean, "max": d.max, "per_token": d.per_token, **probs, **own}
 
 
 def to_dict(report: CheckReport) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def write_json(report: CheckReport, path: str | Path) -> None:
 
 
 def _fmt(d: Diff | None) -> tuple[str, str]:
-    return ("-", "-") if d is None else (f"{d.mean:.4g}", f"{d.max:.4g}")
+    return ("-", "-") if d is None else (f"{d.mean:.4g}", f"{d.max:.4g} / {d.prob_max:.2g}")
 
 
 def print_table(report: CheckReport, console: Console | None = None) -> None:
@@ -59,18 +60,18 @@ def print_table(report: CheckReport, console: Console | None = None) -> None:
         "step",
         "what",
         "prefill mean",
-        "prefill max",
+        "prefill max / |dp|",
         "decode mean",
-        "decode max",
+        "decode max / |dp|",
         "threshold",
         "s",
         "verdict",
     ):
         table.add_column(col)
     thresholds = {
-        1: f"<= {cfg.mean_tol} / {cfg.max_tol}",
+        1: f"mean <= {cfg.mean_tol}, |dp| <= {cfg.prob_tol}",
         3: f"mean > {cfg.mean_tol}",
-        5: f"<= {cfg.mean_tol} / {cfg.max_tol}",
+        5: f"mean <= {cfg.mean_tol}, |dp| <= {cfg.prob_tol}",
     }
     for s in report.steps:
         verdict = "[green]ok[/]" if s.passed else "[red]FAIL[/]"

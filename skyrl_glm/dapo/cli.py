@@ -55,8 +55,16 @@ def _png_file(path: str | Path, inputs: list[Path]) -> Path:
 
 
 def _canary_report(args: argparse.Namespace) -> int:
-    """Per-step tables of several runs and their mean-reward curves in one PNG (e.g. memory, disk, no-publish)."""
-    from skyrl_glm.skyrl.step_table import plot_rewards, print_step_table, read_summary, summary_file
+    """Per-step tables of several runs, one row per run (steps, the checks' verdict, agree checks passed, reward
+    first -> last, generation KL), and their curves in one PNG (e.g. memory, disk, no-publish)."""
+    from skyrl_glm.skyrl.step_table import (
+        plot_rewards,
+        print_runs,
+        print_step_table,
+        read_summary,
+        run_name,
+        summary_file,
+    )
 
     if args.run is not None:
         raise UsageError("report: give either RUN (eval dumps) or --canary RUN_SUMMARY ..., not both")
@@ -70,6 +78,7 @@ def _canary_report(args: argparse.Namespace) -> int:
     summaries = [read_summary(path) for path in args.canary]
     for summary in summaries:
         print_step_table(summary, console)
+    print_runs(summaries, console, [run_name(path) for path in args.canary])
     if json_path is not None:
         json_path.write_text(json.dumps([s["steps"] for s in summaries], indent=2))
         console.print(f"wrote {json_path}", highlight=False)

@@ -26,7 +26,7 @@ from skyrl.train.config import (
     make_config,
 )
 
-from skyrl_glm.check.algorithm import MAX_SCALE, MAX_TOLERANCE, CheckConfig
+from skyrl_glm.check.algorithm import MAX_PROB_TOL, MAX_SCALE, MAX_TOLERANCE, CheckConfig
 from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
 from skyrl_glm.check.probes import DECODE_TOKENS, NUM_PROBES, PROBE_LENGTH, PROMPT_LENGTH
 from skyrl_glm.plugins import registry
@@ -79,8 +79,12 @@ class SyncSection:
     bucket_mb: int = DEFAULT_BUCKET_BYTES >> 20
     """Packed bucket size on the transport, MiB."""
     fault: str = NO_FAULT
-    """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries:
-    ``no-publish`` reports success after the first sync and sends nothing, so the sampler goes stale."""
+    """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries
+    (``no-publish``, ``double-scale``, ``wrong-target``, ``drop-experts``, ``drop-shared-experts``): from the start,
+    every sync after the first is broken (the check before step 1 must stop the run)."""
+    fault_at_step: int = 0
+    """Start ``fault`` at training step k instead (0: from the start): the syncs after step k, k+1, ... are
+    broken, the earlier ones intact, so the agree check after the sync that follows step k must stop the run."""
     expert_layout: str = PER_EXPERT
     """How vLLM takes the routed experts' LoRA, fixed when its engines start (:mod:`skyrl_glm.sync.expert_layout`):
     ``per-expert`` (every expert name; any adapter), ``shared-outer`` (vLLM's ``enable_moe_shared_loras``: one
@@ -91,6 +95,9 @@ class SyncSection:
         _choice("skyrl_glm.sync.mode", self.mode, _literal_values(SyncSection, "mode"))
         _choice("skyrl_glm.sync.expert_layout", self.expert_layout, LAYOUTS)
         _choice("skyrl_glm.sync.fault", self.fault, SKYRL_FAULTS)
+        _bounded("skyrl_glm.sync.fault_at_step", self.fault_at_step, 0, None)
+        if self.fault_at_step and self.fault == NO_FAULT:
+            raise ConfigError("skyrl_glm.sync.fault_at_step: set skyrl_glm.sync.fault too (which fault starts then)")
         _choice("skyrl_glm.sync.transport", self.transport, [AUTO_TRANSPORT, *sorted(registry().transports)])
         _bounded("skyrl_glm.sync.bucket_mb", self.bucket_mb, 1, MAX_BUCKET_MB)
 
@@ -121,7 +128,8 @@ class CheckSection:
     # The check's own settings, with the defaults of the one record the CLI and the library use (CheckConfig).
     seed: int = CheckConfig.seed
     mean_tol: float = CheckConfig.mean_tol
-    max_tol: float = CheckConfig.max_tol
+    prob_tol: float = CheckConfig.prob_tol
+    """The most one probe token's probability may move in an agree check (the rule: :class:`CheckConfig`)."""
     repeat_tol: float = CheckConfig.repeat_tol
     scale: float = CheckConfig.scale
     """Perturbation of the trainer's LoRA B in step 2 (added to every element)."""
@@ -134,8 +142,9 @@ class CheckSection:
         _bounded("skyrl_glm.check.probe_length", self.probe_length, 2, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.prompt_length", self.prompt_length, 1, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.decode_tokens", self.decode_tokens, 1, MAX_DECODE_TOKENS)
-        for name in ("mean_tol", "max_tol", "repeat_tol"):  # a bound: finite, >= 0, not one that passes anything
+        for name in ("mean_tol", "repeat_tol"):  # a bound: finite, >= 0, not one that passes anything
             _bounded(f"skyrl_glm.check.{name}", getattr(self, name), 0, MAX_TOLERANCE)
+        _bounded("skyrl_glm.check.prob_tol", self.prob_tol, 0, MAX_PROB_TOL)
         if not 0 < self.scale <= MAX_SCALE:  # step 3 needs a perturbation the sampler can miss (NaN fails too)
             raise ConfigError(f"skyrl_glm.check.scale: must be > 0 and <= {MAX_SCALE:g}, got {self.scale}")
         if self.prompt_length >= self.probe_length:
@@ -151,7 +160,7 @@ class CheckSection:
         """The algorithm's settings from this section."""
         return CheckConfig(
             mean_tol=self.mean_tol,
-            max_tol=self.max_tol,
+            prob_tol=self.prob_tol,
             repeat_tol=self.repeat_tol,
             scale=self.scale,
             seed=self.seed,

@@ -5,20 +5,28 @@ the sampled tokens) and, with ``trainer.algorithm.off_policy_correction`` on, th
 it truncated or masked (``policy/loss_metrics/is_ratio_*``, ``tis_*``, ``outlier_*``, ``*_sequence_mask_*``). They go
 to the tracker with everything else; this callback also keeps them per step in the skyrl-glm summary, so a
 run's mismatch can be read (and tested) without a tracker.
+
+SkyRL gives no KL-type figure, so :func:`generation_kl` adds one from the same tokens and logprobs (the sampled
+response tokens, SkyRL's loss mask): ``skyrl_glm/gen_kl``, the k3 estimate of KL(sampler || trainer), the figure
+NeMo-RL reports as its generation KL error.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyrl.train.utils.callbacks import TrainingCallback
 
-from skyrl_glm.skyrl.summary import RunSummary
+from skyrl_glm.skyrl.summary import GEN_KL, RunSummary
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
 MISMATCH_PREFIXES = (
+    GEN_KL,
     "policy/rollout_train_logprobs_abs_diff_",
     "policy/loss_metrics/is_ratio_",
     "policy/loss_metrics/tis_",
@@ -26,6 +34,20 @@ MISMATCH_PREFIXES = (
     "policy/loss_metrics/geo_sequence_mask_",
     "policy/loss_metrics/product_sequence_mask_",
 )
+
+
+def generation_kl(rollout: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """KL(sampler || trainer) over the sampled tokens, by the k3 estimator: with d = trainer logprob - sampler
+    logprob of each token the sampler drew, the mean of ``exp(d) - 1 - d`` (>= 0 per token, unbiased for the KL of
+    the full next-token distributions because the tokens were drawn from the sampler). Exact per token it is not:
+    the sampler returns its logprob of the drawn token only. Nothing when no token counts (all masked)."""
+    import torch
+
+    keep = mask > 0
+    if not bool(keep.any()):
+        return {}
+    d = trainer[keep].double() - rollout[keep].double()
+    return {GEN_KL: float(torch.mean(torch.expm1(d) - d))}
 
 
 class MismatchMetrics(TrainingCallback):
@@ -42,6 +64,7 @@ class MismatchMetrics(TrainingCallback):
             f"{name} {found[key]:.3g}"
             for name, key in (
                 ("|dlogp| mean", "policy/rollout_train_logprobs_abs_diff_mean"),
+                ("gen KL (k3)", GEN_KL),
                 ("max", "policy/rollout_train_logprobs_abs_diff_max"),
                 ("IS ratio mean", "policy/loss_metrics/is_ratio_mean"),
                 ("TIS-capped tokens", "policy/loss_metrics/tis_token_clip_high_ratio"),

@@ -55,11 +55,12 @@ def _num(value: Any, fmt: str = ".3g") -> str:
 
 
 def label(summary: dict[str, Any]) -> str:
-    """How a run is named in a table title and a plot legend: its sync mode, a fault, the check when off."""
+    """How a run is named in a table title and a plot legend: its sync mode, a fault (and its step), the check when
+    off."""
     run = summary.get("run") or {}
     parts = [f"{summary.get('sync_mode', '?')} sync"]
     if run.get("fault") not in (None, "none"):
-        parts.append(str(run["fault"]))
+        parts.append(str(run["fault"]) + (f" at step {run['fault_at_step']}" if run.get("fault_at_step") else ""))
     if run.get("check") is False:
         parts.append("check off")
     return ", ".join(parts)
@@ -135,20 +136,20 @@ def print_step_table(summary: dict[str, Any], console: Console) -> None:
         "save",
         "load",
         "1st req",
-        "agree mean/max",
+        "agree mean/|dp|",
         "tol",
         "|dlogp| mean",
+        "gen KL",
     )
     for c in columns:
         table.add_column(c, justify="right")
     for r in summary["steps"]:
         margin = "-"
         if r.get("agree_prefill_mean") is not None:
-            worst = max(
-                (v for v in (r.get("agree_prefill_max"), r.get("agree_decode_max")) if v is not None), default=None
-            )
+            probs = [r.get("agree_prefill_prob_max"), r.get("agree_decode_prob_max")]
+            worst = max((v for v in probs if v is not None), default=None)
             margin = f"{_num(r['agree_prefill_mean'])}/{_num(worst)}"
-        tol = "-" if r.get("agree_mean_tol") is None else f"{_num(r['agree_mean_tol'])}/{_num(r['agree_max_tol'])}"
+        tol = "-" if r.get("agree_mean_tol") is None else f"{_num(r['agree_mean_tol'])}/{_num(r.get('agree_prob_tol'))}"
         table.add_row(
             str(r["step"]),
             _num(r.get("reward"), ".3f"),
@@ -162,6 +163,80 @@ def print_step_table(summary: dict[str, Any], console: Console) -> None:
             margin,
             tol,
             _num(r.get("mismatch_mean")),
+            _num(r.get("gen_kl")),
+        )
+    console.print(table)
+
+
+def first_stop(summary: dict[str, Any]) -> int | None:
+    """The step after which the first check failed (0: the handoff check before step 1), None if none did."""
+    check = summary.get("check")
+    if check is not None and not check.get("passed", True):
+        return 0
+    return next((a.get("step", 0) for a in summary.get("agree") or [] if not a.get("passed", True)), None)
+
+
+def stop_verdict(summary: dict[str, Any]) -> str:
+    """What the checks did with this run: a run without a fault must never be stopped (a false stop); a fault from
+    the start must be stopped before step 1, a fault at step k by the agree check after the sync that follows k."""
+    run = summary.get("run") or {}
+    fault, at = run.get("fault") or "none", int(run.get("fault_at_step") or 0)
+    stop = first_stop(summary)
+    if fault == "none":
+        return "no stop" if stop is None else f"FALSE STOP after step {stop}"
+    if run.get("check") is False:
+        return "check off"
+    if stop is None:
+        return "MISSED"
+    if stop == at:
+        return f"caught {'before step 1' if at == 0 else f'after step {at}'}"
+    return f"{'LATE' if stop > at else 'EARLY'}: stopped after step {stop}, fault at {at}"
+
+
+def digest(summary: dict[str, Any]) -> dict[str, Any]:
+    """One run in figures: steps trained, the checks' verdict, agree checks passed, reward first -> last and the
+    rise (mean of the last four steps minus the first four's), the generation KL over the steps."""
+    curve = rewards(summary)
+    kl = [r["gen_kl"] for r in summary["steps"] if isinstance(r.get("gen_kl"), int | float)]
+    agree = summary.get("agree") or []
+    return {
+        "run": label(summary),
+        "steps": len(summary["steps"]),
+        "verdict": stop_verdict(summary),
+        "agree_passed": sum(1 for a in agree if a.get("passed")),
+        "agree_checks": len(agree),
+        "reward_first": curve[0] if curve else None,
+        "reward_last": curve[-1] if curve else None,
+        "rise": rise(curve, 4) if len(curve) >= 8 else None,
+        "gen_kl_median": statistics.median(kl) if kl else None,
+        "gen_kl_max": max(kl) if kl else None,
+    }
+
+
+def run_name(path: str | Path) -> str:
+    """A run's short name from its summary's path: the directory holding it, or above a ``logs`` directory
+    (``scripts/gpu-verify`` keeps each run's under ``runs/<lane>/logs``)."""
+    where = Path(path)
+    where = where if where.is_dir() else where.parent
+    return (where.parent if where.name == "logs" else where).name
+
+
+def print_runs(summaries: list[dict[str, Any]], console: Console, names: list[str] | None = None) -> None:
+    """One row per run (:func:`digest`); ``names``: how each is listed, else its label."""
+    table = Table(title="runs", title_justify="left")
+    columns = ("run", "steps", "checks", "agree ok", "reward first -> last", "rise (4)", "gen KL median / max")
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("run", "checks") else "right")
+    for i, s in enumerate(summaries):
+        d = digest(s)
+        table.add_row(
+            names[i] if names else d["run"],
+            str(d["steps"]),
+            d["verdict"],
+            f"{d['agree_passed']}/{d['agree_checks']}",
+            f"{_num(d['reward_first'], '.3f')} -> {_num(d['reward_last'], '.3f')}",
+            _num(d["rise"], "+.3f"),
+            f"{_num(d['gen_kl_median'])} / {_num(d['gen_kl_max'])}",
         )
     console.print(table)
 
@@ -180,20 +255,28 @@ def rise(values: list[float], window: int = 2) -> float:
 
 
 def plot_rewards(summaries: list[dict[str, Any]], path: Path) -> Path:
-    """One curve of mean reward per step for each run, in one PNG."""
+    """One PNG, a curve per run: mean reward per step above, the rollouts' trainer/sampler mismatch per step below
+    (generation KL, k3, solid; mean |dlogp| on the sampled tokens, dotted), on a log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, low) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=(3, 2))
     for s in summaries:
-        rows = sorted((r for r in s["steps"] if r.get("reward") is not None), key=lambda r: r["step"])
-        ax.plot([r["step"] for r in rows], [r["reward"] for r in rows], marker="o", label=label(s))
-    ax.set_xlabel("training step")
+        rows = sorted(s["steps"], key=lambda r: r["step"])
+        rewarded = [r for r in rows if r.get("reward") is not None]
+        (line,) = ax.plot([r["step"] for r in rewarded], [r["reward"] for r in rewarded], marker="o", label=label(s))
+        for key, style in (("gen_kl", "-"), ("mismatch_mean", ":")):
+            shown = [r for r in rows if isinstance(r.get(key), int | float) and r[key] > 0]
+            low.plot([r["step"] for r in shown], [r[key] for r in shown], style, marker=".", color=line.get_color())
     ax.set_ylabel("mean reward")
     ax.grid(alpha=0.3)
     ax.legend()
+    low.set_yscale("log")
+    low.set_xlabel("training step")
+    low.set_ylabel("gen KL (k3) — / |dlogp| ··")
+    low.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -17,6 +17,18 @@ STEP_TIMERS = ("step", "generate", "train_critic_and_policy", "sync_weights")
 MISMATCH_MEAN = "policy/rollout_train_logprobs_abs_diff_mean"
 MISMATCH_MAX = "policy/rollout_train_logprobs_abs_diff_max"
 IS_RATIO_MEAN = "policy/loss_metrics/is_ratio_mean"
+GEN_KL = "skyrl_glm/gen_kl"  # the k3 generation KL of the step's rollouts (skyrl/mismatch_log.py computes it)
+# An agree check's figures in a step's row (``agree_<name>``).
+AGREE_FIGURES = (
+    "prefill_mean",
+    "prefill_max",
+    "prefill_prob_max",
+    "decode_mean",
+    "decode_max",
+    "decode_prob_max",
+    "mean_tol",
+    "prob_tol",
+)
 
 
 @dataclass(frozen=True)
@@ -44,8 +56,8 @@ class CheckRecord:
 
 @dataclass(frozen=True)
 class AgreeRecord:
-    """An agree check (step 1 alone) after a later sync, with the tolerances it was judged by; None where that
-    path was not measured."""
+    """An agree check (step 1 alone) after a later sync, with the tolerances it was judged by (mean |dlogp| and
+    per-token |dp|: :class:`~skyrl_glm.check.algorithm.CheckConfig`); None where that path was not measured."""
 
     sync: int
     passed: bool
@@ -56,7 +68,9 @@ class AgreeRecord:
     lora_b_max: float
     step: int = 0
     mean_tol: float | None = None
-    max_tol: float | None = None
+    prob_tol: float | None = None
+    prefill_prob_max: float | None = None
+    decode_prob_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,11 +113,12 @@ class RunSummary:
             row.update({stage: None if sync is None else sync.worker.get(stage) for stage in SYNC_STAGES})
             row["first_request_s"] = None if sync is None else sync.first_request_s
             a = agree.get(s.step)
-            for key in ("prefill_mean", "prefill_max", "decode_mean", "decode_max", "mean_tol", "max_tol"):
+            for key in AGREE_FIGURES:
                 row[f"agree_{key}"] = None if a is None else getattr(a, key)
             row["agree_passed"] = None if a is None else a.passed
             m = mismatch.get(s.step, {})
             row.update({"mismatch_mean": m.get(MISMATCH_MEAN), "mismatch_max": m.get(MISMATCH_MAX)})
+            row["gen_kl"] = m.get(GEN_KL)
             row["is_ratio_mean"] = m.get(IS_RATIO_MEAN)
             rows.append(row)
         return rows

@@ -30,6 +30,7 @@ from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.dapo.report import dumped_eval_metrics
 from skyrl_glm.skyrl.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
 from skyrl_glm.skyrl.config import GlmSection, resolved_transport
+from skyrl_glm.skyrl.mismatch_log import generation_kl
 from skyrl_glm.skyrl.overlong import shape_rewards
 from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
 from skyrl_glm.skyrl.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
@@ -44,7 +45,8 @@ CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits
 def worker_sync(glm: GlmSection, placement: PlacementConfig) -> WorkerSync:
     """The workers' part of ``skyrl_glm.sync`` (the transport resolved for the trainer's ``placement``)."""
     sync = glm.sync
-    return WorkerSync(sync.mode, resolved_transport(glm, placement), sync.bucket_bytes, sync.verify, sync.fault)
+    transport = resolved_transport(glm, placement)
+    return WorkerSync(sync.mode, transport, sync.bucket_bytes, sync.verify, sync.fault, sync.fault_at_step)
 
 
 def _render(report: CheckReport) -> str:
@@ -70,6 +72,15 @@ class GlmPPOTrainer(RayPPOTrainer):
         shape_rewards(generator_output, self.cfg.skyrl_glm.overlong, cap)  # DAPO soft overlong penalty
         return super().postprocess_generator_output(generator_output, uids, *args, **kwargs)
 
+    def fwd_logprobs_values_reward(self, training_input: Any) -> Any:
+        """SkyRL's forward passes, then the generation KL of the step's rollouts (:func:`generation_kl`) beside
+        SkyRL's own |dlogp| figures, from the same tensors."""
+        out = super().fwd_logprobs_values_reward(training_input)
+        rollout, trained = out.get("rollout_logprobs"), out.get("action_log_probs")
+        if rollout is not None and trained is not None:
+            self.all_metrics.update(generation_kl(rollout, trained, out["loss_mask"]))
+        return out
+
     async def eval(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         metrics = await super().eval(*args, **kwargs)
         if self.cfg.trainer.dump_eval_results:  # accuracy (mean@n) and cap share per eval set, from the dump
@@ -90,6 +101,7 @@ class GlmPPOTrainer(RayPPOTrainer):
             glm.sync.expert_layout,
             run={
                 "fault": glm.sync.fault,
+                "fault_at_step": glm.sync.fault_at_step,
                 "check": checked,
                 "targets": targets if isinstance(targets, str) else list(targets),
                 "strategy": self.cfg.trainer.strategy,
@@ -103,6 +115,7 @@ class GlmPPOTrainer(RayPPOTrainer):
 
     # -- the wrapped sync ------------------------------------------------------------------------------
     async def _sync_then_check(self, model_id: str | None = None) -> None:
+        self._arm_fault()
         t0 = time.perf_counter()
         await self._glm_sync(model_id)
         seconds = time.perf_counter() - t0
@@ -143,6 +156,16 @@ class GlmPPOTrainer(RayPPOTrainer):
                 seconds,
                 verdict,
             )
+
+    def _arm_fault(self) -> None:
+        """``skyrl_glm.sync.fault_at_step`` k: before the sync that follows step k the workers' publisher takes the
+        fault, for this sync and every later one."""
+        sync = self.cfg.skyrl_glm.sync
+        if not sync.fault_at_step or self.global_step < sync.fault_at_step or self.summary.run.get("fault_armed_at"):
+            return
+        ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_arm_fault"))
+        self.summary.run["fault_armed_at"] = self.global_step
+        log.warning("skyrl-glm fault %s armed: the syncs from step %d on are broken", sync.fault, self.global_step)
 
     async def _first_request_seconds(self) -> float:
         """Wall time of one one-token request on the served adapter right after a sync: what the first request on
@@ -260,7 +283,9 @@ class GlmPPOTrainer(RayPPOTrainer):
                 lora_b_max=lora_b,
                 step=self.global_step,
                 mean_tol=config.mean_tol,
-                max_tol=config.max_tol,
+                prob_tol=config.prob_tol,
+                prefill_prob_max=result.prefill.prob_max if result.prefill else None,
+                decode_prob_max=result.decode.prob_max if result.decode else None,
             )
         )
         if not result.passed:

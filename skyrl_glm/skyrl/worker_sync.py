@@ -39,6 +39,7 @@ class WorkerSync:
     bucket_bytes: int
     verify: bool = True
     fault: str = "none"
+    fault_at_step: int = 0  # 0: from the start; k: from the sync after step k, once the trainer arms it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,7 +53,8 @@ class GlmSyncMixin:
 
     _glm_sync: WorkerSync | None = None
     _glm_publisher: InMemoryPublisher | None = None
-    _glm_sender: Any = None  # the publisher, with the configured fault (skyrl_glm.sync.fault) applied
+    _glm_sender: Any = None  # the publisher, with the configured fault (skyrl_glm.sync.fault) applied once it applies
+    _glm_fault_armed = False  # skyrl_glm.sync.fault_at_step: the trainer arms the fault before the sync after step k
     _glm_group: Any = None  # rank 0, collective transport: the group with every vLLM worker
     _glm_version = 0
     _glm_last: dict[str, Any] | None = None
@@ -157,10 +159,27 @@ class GlmSyncMixin:
         try:
             if self._glm_publisher is None or self._glm_publisher.lora_name != lora_name:
                 self._glm_publisher = self._glm_new_publisher(client, lora_name)
-                self._glm_sender = inject_in_skyrl(self._glm_sync.fault, self._glm_publisher)
+                self._glm_sender = self._glm_faulty(self._glm_publisher)
             return await self._glm_sender.publish_async(tensors, config, self._glm_version)
         except Exception as e:  # noqa: BLE001 - reported after the barrier, with its reason
             return UpdateResult(False, None, f"{type(e).__name__}: {e}")
+
+    def _glm_faulty(self, publisher: InMemoryPublisher) -> Any:
+        """``publisher`` with the configured fault as it stands now: from the start (the first update spared, so
+        the check before step 1 sees it), armed (every update broken), or not yet armed (none)."""
+        assert self._glm_sync is not None
+        if self._glm_sync.fault_at_step == 0:
+            return inject_in_skyrl(self._glm_sync.fault, publisher)
+        if self._glm_fault_armed:
+            return inject_in_skyrl(self._glm_sync.fault, publisher, spare_first=False)
+        return publisher
+
+    def skyrl_glm_arm_fault(self) -> None:
+        """Every update from now on goes through the configured fault (``skyrl_glm.sync.fault_at_step``: the
+        trainer calls this before the sync after step k)."""
+        self._glm_fault_armed = True
+        if self._glm_publisher is not None:
+            self._glm_sender = self._glm_faulty(self._glm_publisher)
 
     def _glm_new_publisher(self, client: Any, lora_name: str) -> InMemoryPublisher:
         """The in-memory publisher to the SkyRL servers of ``lora_name`` over the configured transport."""
