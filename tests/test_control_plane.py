@@ -135,7 +135,9 @@ def _trainer_rpc(url: str, method: str, args: list[Any]) -> tuple[int, Any]:
 
 def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
     from skyrl_glm.skyrl.publish import SkyRLServers
+    from skyrl_glm.skyrl.routes import Route, node_of
     from skyrl_glm.sync.publisher import InMemoryPublisher
+    from skyrl_glm.sync.transports.fanout import FanOut
     from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
     g = torch.Generator().manual_seed(seed)
@@ -144,7 +146,8 @@ def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     client = _client(url)
-    publisher = InMemoryPublisher(SkyRLServers(client, LORA), SharedMemoryTransport(), LORA, bucket_bytes=1 << 20)
+    servers = SkyRLServers([(Route(url, node_of(url), "cpu", "this process"), client)], LORA)
+    publisher = InMemoryPublisher(servers, FanOut([SharedMemoryTransport()]), LORA, bucket_bytes=1 << 20)
 
     async def publish() -> Any:
         try:

@@ -29,8 +29,9 @@ from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.dapo.report import dumped_eval_metrics
 from skyrl_glm.skyrl.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
-from skyrl_glm.skyrl.config import GlmSection, resolved_transport
+from skyrl_glm.skyrl.config import GlmSection, colocated_gpu
 from skyrl_glm.skyrl.overlong import shape_rewards
+from skyrl_glm.skyrl.publish import one_server
 from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
 from skyrl_glm.skyrl.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
 from skyrl_glm.skyrl.worker_sync import WorkerSync
@@ -42,9 +43,10 @@ CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits
 
 
 def worker_sync(glm: GlmSection, placement: PlacementConfig) -> WorkerSync:
-    """The workers' part of ``skyrl_glm.sync`` (the transport resolved for the trainer's ``placement``)."""
+    """The workers' part of ``skyrl_glm.sync`` (rank 0 resolves the transport per engine)."""
     sync = glm.sync
-    return WorkerSync(sync.mode, resolved_transport(glm, placement), sync.bucket_bytes, sync.verify, sync.fault)
+    colocated = colocated_gpu(glm, placement)
+    return WorkerSync(sync.mode, sync.transport, sync.bucket_bytes, sync.verify, sync.fault, colocated)
 
 
 def _render(report: CheckReport) -> str:
@@ -82,6 +84,13 @@ class GlmPPOTrainer(RayPPOTrainer):
         super().init_weight_sync_state()
         self._glm_sync = self.dispatch.save_weights_for_sampler
         self._glm_syncs = 0
+        client = self.inference_engine_client
+        self._glm_engines = [one_server(client, url) for url in client.server_urls]  # the check asks each engine
+        routes = ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_routes"))[0]
+        for r in routes:
+            log.info(
+                "skyrl-glm route: engine %s on %s takes %s from %s", r["engine"], r["node"], r["transport"], r["sender"]
+            )
         glm = self.cfg.skyrl_glm
         checked = glm.check.before_training or glm.check.every_n_syncs > 0
         targets = self.cfg.trainer.policy.model.lora.target_modules  # a list, or one of PEFT's names ("all-linear")
@@ -92,6 +101,7 @@ class GlmPPOTrainer(RayPPOTrainer):
                 "fault": glm.sync.fault,
                 "check": checked,
                 "targets": targets if isinstance(targets, str) else list(targets),
+                "routes": routes,
             },
         )
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
@@ -166,7 +176,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         loop = asyncio.get_running_loop()
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         trainer = LiveTrainer(self.dispatch, self.policy_model, pad)
-        sampler = LiveSampler(self.inference_engine_client, resolve_policy_model_name(self.cfg), loop)
+        sampler = LiveSampler(self._glm_engines, resolve_policy_model_name(self.cfg), loop)
         return trainer, sampler, loop
 
     def _at_check_temperature(self, on: bool) -> None:
