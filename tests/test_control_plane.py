@@ -135,7 +135,7 @@ def _trainer_rpc(url: str, method: str, args: list[Any]) -> tuple[int, Any]:
 
 def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
     from skyrl_glm.skyrl.publish import SkyRLServers
-    from skyrl_glm.skyrl.routes import Route, node_of
+    from skyrl_glm.skyrl.routes import Route
     from skyrl_glm.sync.publisher import InMemoryPublisher
     from skyrl_glm.sync.transports.fanout import FanOut
     from skyrl_glm.sync.transports.shm import SharedMemoryTransport
@@ -146,7 +146,7 @@ def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     client = _client(url)
-    servers = SkyRLServers([(Route(url, node_of(url), "cpu", "this process"), client)], LORA)
+    servers = SkyRLServers([(Route(url, "this host", "cpu", "this process"), client)], LORA)
     publisher = InMemoryPublisher(servers, FanOut([SharedMemoryTransport()]), LORA, bucket_bytes=1 << 20)
 
     async def publish() -> Any:

@@ -13,9 +13,7 @@ from skyrl_glm.skyrl.routes import (
     Route,
     RouteError,
     engine_transport,
-    node_of,
     plan_routes,
-    routes_for_servers,
 )
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.transports.base import Transport
@@ -23,6 +21,13 @@ from skyrl_glm.sync.transports.fanout import HANDLES, FanOut
 
 NODE0, NODE1 = "10.77.0.1", "10.77.0.2"
 SERVERS = [f"http://{NODE0}:8000", f"http://{NODE1}:8100"]
+ENGINES = [(SERVERS[0], NODE0), (SERVERS[1], NODE1)]
+
+
+def routes_for(
+    configured: str, colocated_gpu: bool, engines: list[tuple[str, str]], fault: str = "none"
+) -> list[Route]:
+    return plan_routes(configured, colocated_gpu, NODE0, engines, fault)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +45,7 @@ def test_auto_never_hands_an_engine_on_another_node_a_same_host_transport() -> N
     from skyrl_glm.plugins import registry
 
     for colocated_gpu in (True, False):
-        routes = routes_for_servers("auto", colocated_gpu, NODE0, SERVERS)
+        routes = routes_for("auto", colocated_gpu, ENGINES)
         remote = [r for r in routes if r.node != NODE0]
         assert remote and all(registry().transport(r.transport).crosses_nodes for r in remote), routes
         assert [r.transport for r in routes if r.node == NODE0] == ["ipc" if colocated_gpu else "cpu"]
@@ -51,22 +56,22 @@ def test_the_remote_same_host_fault_breaks_exactly_that_guard() -> None:
     would fail on it (and the two-node run does: tests/test_two_nodes.py)."""
     from skyrl_glm.plugins import registry
 
-    routes = routes_for_servers("auto", False, NODE0, SERVERS, fault="remote-same-host")
+    routes = routes_for("auto", False, ENGINES, fault="remote-same-host")
     assert [(r.node, r.transport) for r in routes] == [(NODE0, "cpu"), (NODE1, "cpu")]
     assert not all(registry().transport(r.transport).crosses_nodes for r in routes if r.node != NODE0)
-    skipped = routes_for_servers("auto", False, NODE0, SERVERS, fault="skip-remote")
+    skipped = routes_for("auto", False, ENGINES, fault="skip-remote")
     assert [r.node for r in skipped] == [NODE0] and set(ROUTE_FAULTS) == {"remote-same-host", "skip-remote"}
 
 
 @pytest.mark.parametrize("named", ["cpu", "ipc"])
 def test_a_named_same_host_transport_is_refused_for_an_engine_on_another_node(named: str) -> None:
-    assert [r.transport for r in routes_for_servers(named, True, NODE0, SERVERS[:1])] == [named]
+    assert [r.transport for r in routes_for(named, True, ENGINES[:1])] == [named]
     with pytest.raises(RouteError, match=f"{named} hands a handle only a process on the sender's node can open"):
-        routes_for_servers(named, True, NODE0, SERVERS)
+        routes_for(named, True, ENGINES)
 
 
 def test_a_named_transport_that_crosses_nodes_goes_to_every_engine() -> None:
-    routes = routes_for_servers("nccl", False, NODE0, SERVERS)
+    routes = routes_for("nccl", False, ENGINES)
     assert [r.transport for r in routes] == ["nccl", "nccl"]
     assert {r.sender for r in routes} == {f"rank 0 @ {NODE0}"}
 
@@ -89,11 +94,12 @@ def test_a_plugin_transport_is_node_local_unless_it_says_otherwise() -> None:
         plan_routes("plugin-tx", False, NODE0, [("e1", NODE1)], crosses_nodes=lambda n: Plugin.crosses_nodes)
 
 
-def test_node_of_a_server_url() -> None:
-    assert [node_of(u) for u in SERVERS] == [NODE0, NODE1]
-    assert node_of("http://[fd00::2]:8000") == "fd00::2"
-    with pytest.raises(RouteError, match="names no host"):
-        node_of("not a url")
+def test_an_engine_whose_workers_span_nodes_takes_the_collective_transport() -> None:
+    """A TP x PP group larger than a node: its workers on node 0 could open a node-local handle, the rest not."""
+    spanning = [(SERVERS[0], f"{NODE0}+{NODE1}")]
+    assert [r.transport for r in routes_for("auto", True, spanning)] == ["nccl"]
+    with pytest.raises(RouteError):
+        routes_for("ipc", True, spanning)
 
 
 class Recording(Transport):

@@ -7,8 +7,9 @@ in another host's ``/dev/shm``), so under ``auto`` it joins the collective trans
 gloo on CPU). A transport named in ``skyrl_glm.sync.transport`` goes to every engine, and is refused for an engine
 on another node when it cannot cross nodes (:attr:`~skyrl_glm.sync.transports.base.Transport.crosses_nodes`).
 
-An engine's node is the host of its server URL: SkyRL's server actor builds the URL from its Ray node's address,
-and vLLM's ``mp`` executor keeps the engine's workers on that node.
+An engine's node is where its workers say they run (``skyrl_glm_node`` on each worker, the address Ray knows the
+node by); an engine whose workers span nodes (a TP x PP group larger than a node) is on none of them alone, so it
+is routed as another node's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 AUTO = "auto"
 COLLECTIVE = "nccl"
@@ -44,14 +44,6 @@ class Route:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def node_of(url: str) -> str:
-    """The node address in a server URL (``http://10.0.0.2:8000`` -> ``10.0.0.2``)."""
-    host = urlsplit(url).hostname
-    if not host:
-        raise RouteError(f"server URL {url!r:.80} names no host")
-    return host
 
 
 def local_transport(configured: str, colocated_gpu: bool) -> str:
@@ -106,10 +98,3 @@ def plan_routes(
         same = same or fault == "remote-same-host"
         routes.append(Route(engine, node, engine_transport(configured, colocated_gpu, same, crosses_nodes), sender))
     return routes
-
-
-def routes_for_servers(
-    configured: str, colocated_gpu: bool, sender_node: str, server_urls: Sequence[str], fault: str = "none"
-) -> list[Route]:
-    """:func:`plan_routes` for SkyRL's servers, each on the node its URL names."""
-    return plan_routes(configured, colocated_gpu, sender_node, [(u, node_of(u)) for u in server_urls], fault)

@@ -54,6 +54,24 @@ def node_address() -> str:
         return "127.0.0.1"
 
 
+NODE_METHOD = "skyrl_glm_node"
+
+
+async def engine_nodes(client: Any) -> list[tuple[str, str]]:
+    """``(server URL, node)`` for every server behind SkyRL's client, the node as its workers report it (several
+    joined with ``+`` when an engine's workers span nodes: then no node-local handle reaches all of them)."""
+
+    async def node(url: str) -> tuple[str, str]:
+        payload = {"method": NODE_METHOD, "args": list(signed(NODE_METHOD, ()))}
+        _, response = await client._call_server(url, "/collective_rpc", payload)
+        nodes = sorted({str(n) for n in (response.get("body") or {}).get("results") or []})
+        if not nodes:
+            raise RuntimeError(f"no vLLM worker of {url} said which node it runs on")
+        return url, "+".join(nodes)
+
+    return list(await asyncio.gather(*(node(u) for u in client.server_urls)))
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))

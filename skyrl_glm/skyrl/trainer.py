@@ -87,6 +87,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         client = self.inference_engine_client
         self._glm_engines = [one_server(client, url) for url in client.server_urls]  # the check asks each engine
         routes = ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_routes"))[0]
+        rank_nodes = ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_node"))
         for r in routes:
             log.info(
                 "skyrl-glm route: engine %s on %s takes %s from %s", r["engine"], r["node"], r["transport"], r["sender"]
@@ -102,6 +103,7 @@ class GlmPPOTrainer(RayPPOTrainer):
                 "check": checked,
                 "targets": targets if isinstance(targets, str) else list(targets),
                 "routes": routes,
+                "policy_nodes": rank_nodes,
             },
         )
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method

@@ -19,7 +19,7 @@ from skyrl_glm.check.faults import NO_FAULT, inject_in_skyrl
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl import signed_client
 from skyrl_glm.skyrl.publish import SkyRLServers, one_server
-from skyrl_glm.skyrl.routes import ROUTE_FAULTS, Route, routes_for_servers
+from skyrl_glm.skyrl.routes import ROUTE_FAULTS, Route, plan_routes
 from skyrl_glm.sync.dedup import Dedup
 from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.transports.base import Transport
@@ -93,15 +93,22 @@ class GlmSyncMixin:
 
     async def _glm_open_routes(self, client: Any) -> None:
         """Rank 0: each engine's route from where it runs, and the collective group with the engines it reaches."""
-        from skyrl_glm.skyrl.sync_group import node_address, open_group
+        from skyrl_glm.skyrl.sync_group import engine_nodes, node_address, open_group
 
         s = self._glm_sync
         assert s is not None
-        self._glm_routes = routes_for_servers(s.transport, s.colocated_gpu, node_address(), client.server_urls, s.fault)
+        engines = await engine_nodes(client)
+        self._glm_routes = plan_routes(s.transport, s.colocated_gpu, node_address(), engines, s.fault)
         reached = [r.engine for r in self._glm_routes if r.transport == CollectiveTransport.name]
         if reached:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             self._glm_group = await open_group(client, backend, reached)
+
+    def skyrl_glm_node(self) -> str:
+        """The node this policy rank runs on (the run's record of where its ranks ran)."""
+        from skyrl_glm.skyrl.sync_group import node_address
+
+        return node_address()
 
     def skyrl_glm_routes(self) -> list[dict[str, Any]]:
         """Each engine's route (rank 0; empty elsewhere)."""
