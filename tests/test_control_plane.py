@@ -168,6 +168,7 @@ def _attacks(staged: str) -> list[tuple[str, str, list[Any], dict[str, Any]]]:
         ("commit a string version", "skyrl_glm_commit", ["x", []], {}),
         ("commit version 0", "skyrl_glm_commit", [0, []], {}),
         ("list the staged adapters", "skyrl_glm_staged", [], {}),
+        ("ask where the workers run", "skyrl_glm_node", [], {}),
         ("discard the serving adapter", "skyrl_glm_discard", [staged], {}),
         ("receive an update of their own", "skyrl_glm_receive", ["{}", {"shm_name": "x"}, "cpu"], {}),
         ("a made-up MAC", "skyrl_glm_commit", [fake_mac, 2**63 - 1, []], {}),

@@ -156,3 +156,43 @@ def test_the_fan_out_packs_once_and_hands_each_transport_its_own_handle() -> Non
 def test_a_route_is_plain_data() -> None:
     r = Route(SERVERS[1], NODE1, "nccl", f"rank 0 @ {NODE0}")
     assert r.to_dict() == {"engine": SERVERS[1], "node": NODE1, "transport": "nccl", "sender": f"rank 0 @ {NODE0}"}
+
+
+def test_the_dry_run_lays_out_each_node_of_both_multi_node_recipes() -> None:
+    from skyrl_glm.skyrl.placement import placement_lines
+    from skyrl_glm.skyrl.recipes import load_config
+
+    def lines(recipe: str, *overrides: str) -> list[str]:
+        cfg = load_config(recipe, list(overrides))
+        return placement_lines(cfg.trainer, cfg.generator.inference_engine, cfg.skyrl_glm)
+
+    assert lines("glm53_flash_dapo_math_2node") == [
+        "node 0: trainer ranks 0-7; engine 0 on GPUs 0-7: ipc from rank 0 @ node 0",
+        "node 1: trainer ranks 8-15; engine 1 on GPUs 0-7: nccl from rank 0 @ node 0",
+    ]
+    # GLM-5.3's engines are TP 8 x PP 2: each spans two nodes, so even engine 0 cannot take rank 0's IPC handle
+    assert lines("glm53_dapo_math") == [
+        "node 0: trainer ranks 0-7; engine 0 on nodes 0-1 (16 GPUs): nccl from rank 0 @ node 0",
+        "node 1: trainer ranks 8-15; no engine",
+        "node 2: trainer ranks 16-23; engine 1 on nodes 2-3 (16 GPUs): nccl from rank 0 @ node 0",
+        "node 3: trainer ranks 24-31; no engine",
+    ]
+    refused = ("skyrl_glm.sync.transport=ipc",)
+    with pytest.raises(Exception, match="reaches only engines on the trainer's sending node"):
+        lines("glm53_flash_dapo_math_2node", *refused)
+
+
+def test_cpu_mode_spreads_the_engines_placement_group_over_the_nodes() -> None:
+    """Without colocation SkyRL PACKs the engines' placement group (all engines on one node); CPU mode asks Ray to
+    SPREAD it, so a two-node CPU run places one engine per node as the colocated recipes do."""
+    import types
+
+    from skyrl_glm.skyrl import cpu
+
+    asked: list[str] = []
+    setup = types.SimpleNamespace(ray_placement_group=lambda bundles, strategy="PACK": asked.append(strategy))
+    cpu._patch_engine_placement(setup)  # type: ignore[arg-type]
+    setup.ray_placement_group([{"GPU": 1}], strategy="PACK")
+    setup.ray_placement_group([{"GPU": 1}])
+    setup.ray_placement_group([{"GPU": 1}], strategy="STRICT_PACK")
+    assert asked == ["SPREAD", "SPREAD", "STRICT_PACK"]

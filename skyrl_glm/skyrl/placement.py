@@ -49,13 +49,23 @@ def node_plans(trainer: TrainerConfig, engine: InferenceEngineConfig, glm: GlmSe
     if not p.colocate_all:
         return None
     k = engine.tensor_parallel_size * engine.pipeline_parallel_size
-    engines = [
-        (f"engine {i}", f"node {i * k // per_node}") for i in range(engine.num_engines * engine.data_parallel_size)
-    ]
+    engines = []
+    for i in range(engine.num_engines * engine.data_parallel_size):
+        nodes = sorted({gpu // per_node for gpu in range(i * k, (i + 1) * k)})
+        engines.append((f"engine {i}", "+".join(f"node {n}" for n in nodes)))  # spanning: on no node alone
     routes = plan_routes(glm.sync.transport, colocated_gpu(glm, p), "node 0", engines)
     for i, route in enumerate(routes):
-        plans[int(route.node.removeprefix("node "))].engines.append((i, route))
+        plans[int(route.node.split("+")[0].removeprefix("node "))].engines.append((i, route))
     return plans
+
+
+def _where(engine: int, k: int, per_node: int) -> str:
+    """``on GPUs a-b`` of its node, or ``on nodes m-n (k GPUs)`` when its ``k`` GPUs span nodes."""
+    first, last = engine * k, (engine + 1) * k - 1
+    gpus = f"GPUs {first % per_node}-{first % per_node + k - 1}" if k > 1 else f"GPU {first % per_node}"
+    if first // per_node == last // per_node:
+        return f"on {gpus}"
+    return f"on nodes {first // per_node}-{last // per_node} ({k} GPUs)"
 
 
 def placement_lines(trainer: TrainerConfig, engine: InferenceEngineConfig, glm: GlmSection) -> list[str]:
@@ -73,9 +83,7 @@ def placement_lines(trainer: TrainerConfig, engine: InferenceEngineConfig, glm: 
     lines = []
     for plan in plans:
         engines = "; ".join(
-            f"engine {i} on GPUs {_span(list(range(i * k % per_node, i * k % per_node + k)))}: "
-            f"{r.transport} from {r.sender}"
-            for i, r in plan.engines
+            f"engine {i} {_where(i, k, per_node)}: {r.transport} from {r.sender}" for i, r in plan.engines
         )
         lines.append(f"node {plan.node}: trainer ranks {_span(plan.ranks)}; {engines or 'no engine'}")
     return lines
