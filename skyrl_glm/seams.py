@@ -391,6 +391,56 @@ SEAMS: tuple[Seam, ...] = (
         "skyrl_glm/skyrl/cpu.py",
         'CPU mode: SkyRL\'s worker and FSDP utils build a "cuda" mesh',
     ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.setup",
+        "ray_placement_group",
+        "patched",
+        SKYRL,
+        "skyrl_glm/skyrl/cpu.py",
+        "CPU mode: the engines' own placement group is PACKed onto one node; SPREAD gives one engine per node, as "
+        "the colocated multi-node recipes place them",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
+        "_generate_client",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/publish.py",
+        "a private dataclass field (with _world_size, _gen_sem, _detok_sem, _sem_loop) reset in a one-server copy "
+        "of the client, so the copy opens its own session and counts its own world size",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
+        "_world_size",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/publish.py",
+        "reset in a one-server copy of the client (its cached world size is the whole deployment's)",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
+        "_gen_sem",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/publish.py",
+        "reset in a one-server copy of the client (semaphores bound to the original's loop)",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
+        "_detok_sem",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/publish.py",
+        "reset in a one-server copy of the client (as _gen_sem)",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.inference_servers.remote_inference_client:RemoteInferenceClient",
+        "_sem_loop",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/skyrl/publish.py",
+        "reset in a one-server copy of the client (as _gen_sem)",
+    ),
 )
 
 

@@ -143,7 +143,9 @@ def _trainer_rpc(url: str, method: str, args: list[Any]) -> tuple[int, Any]:
 
 def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
     from skyrl_glm.skyrl.publish import SkyRLServers
+    from skyrl_glm.skyrl.routes import Route
     from skyrl_glm.sync.publisher import InMemoryPublisher
+    from skyrl_glm.sync.transports.fanout import FanOut
     from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
     g = torch.Generator().manual_seed(seed)
@@ -152,7 +154,8 @@ def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     client = _client(url)
-    publisher = InMemoryPublisher(SkyRLServers(client, LORA), SharedMemoryTransport(), LORA, bucket_bytes=1 << 20)
+    servers = SkyRLServers([(Route(url, "this host", "cpu", "this process"), client)], LORA)
+    publisher = InMemoryPublisher(servers, FanOut([SharedMemoryTransport()]), LORA, bucket_bytes=1 << 20)
 
     async def publish() -> Any:
         try:
@@ -173,6 +176,7 @@ def _attacks(staged: str) -> list[tuple[str, str, list[Any], dict[str, Any]]]:
         ("commit a string version", "skyrl_glm_commit", ["x", []], {}),
         ("commit version 0", "skyrl_glm_commit", [0, []], {}),
         ("list the staged adapters", "skyrl_glm_staged", [], {}),
+        ("ask where the workers run", "skyrl_glm_node", [], {}),
         ("discard the serving adapter", "skyrl_glm_discard", [staged], {}),
         ("receive an update of their own", "skyrl_glm_receive", ["{}", {"shm_name": "x"}, "cpu"], {}),
         ("a made-up MAC", "skyrl_glm_commit", [fake_mac, 2**63 - 1, []], {}),

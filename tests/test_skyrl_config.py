@@ -140,7 +140,19 @@ def test_auto_transport_resolution() -> None:
     # (SkyRL's validate_cfg, run by load_config, wants the colocated reference model on the policy's nodes)
     two_nodes = ["trainer.placement.policy_num_nodes=2", "trainer.placement.ref_num_nodes=2"]
     nodes = load_config(None, [*base, "trainer.placement.colocate_all=false", *two_nodes])
-    assert _transport(nodes) == "nccl"
+    assert _transport(nodes) == "cpu"  # the engines on the sending node; the others: routes (test_routes)
+    # a transport no engine on another node can open, named for a policy spanning nodes: refused
+    with pytest.raises(ConfigError, match="reaches only engines on the trainer's sending node"):
+        load_config(
+            None,
+            [
+                *base,
+                "skyrl_glm.sync.mode=memory",
+                "trainer.placement.colocate_all=false",
+                *two_nodes,
+                "skyrl_glm.sync.transport=cpu",
+            ],
+        )
     # the collective transport is accepted inside SkyRL (the CPU recipe runs it over gloo: test_skyrl_train)
     assert _transport(load_config("tiny_cpu_grpo", ["skyrl_glm.sync.transport=nccl"])) == "nccl"
 

@@ -60,7 +60,7 @@ class Servers:
 def test_every_worker_of_every_server_joins_and_receives_one_broadcast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sync_group, "TIMEOUT", datetime.timedelta(seconds=30))  # a rank clash fails, not hangs
     servers = Servers()
-    group = asyncio.run(sync_group.open_group(servers, "gloo"))
+    group = asyncio.run(sync_group.open_group(servers, "gloo", servers.server_urls))
     workers = [w for ws in servers.workers.values() for w in ws]
     assert group.size() == 5 and group.rank() == 0
     # server 0's workers after the trainer (ranks 1, 2), server 1's after them (3, 4): nccl_init_payloads' offsets

@@ -18,7 +18,9 @@ from torch import nn
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.megatron import MegatronGlmSync, megatron_workers
 from skyrl_glm.skyrl.publish import SkyRLServers
+from skyrl_glm.skyrl.routes import Route
 from skyrl_glm.sync.publisher import InMemoryPublisher
+from skyrl_glm.sync.transports.fanout import FanOut
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +116,8 @@ def test_a_refused_update_is_not_loaded_and_staged_copies_are_discarded() -> Non
         "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(2, 8),
         "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(8, 2),
     }
-    publisher = InMemoryPublisher(SkyRLServers(client, "skyrl-lora"), SharedMemoryTransport(), "skyrl-lora", 1 << 20)
+    servers = SkyRLServers([(Route("http://server", "server", "cpu", "rank 0 @ server"), client)], "skyrl-lora")
+    publisher = InMemoryPublisher(servers, FanOut([SharedMemoryTransport()]), "skyrl-lora", 1 << 20)
     result = asyncio.run(publisher.publish_async(adapter, {"r": 2, "lora_alpha": 4}, 1))
     assert not result.ok and "checksum mismatch" in result.reason
     assert client.loaded == []  # the previous adapter keeps serving
@@ -191,6 +194,7 @@ def one_rank(tmp_path: Path):
 def test_publish_counts_versions_and_the_no_publish_fault_sends_nothing_after_the_first() -> None:
     worker = SyncingWorker(merge_lora=False)
     worker.skyrl_glm_configure({"mode": "memory", "transport": "cpu", "bucket_bytes": 1 << 20, "fault": "no-publish"})
+    worker._glm_routes = [Route("http://server", "server", "cpu", "rank 0 @ server")]
     worker.publisher = publisher = RecordingPublisher(fail=False)
     for _ in range(3):
         asyncio.run(worker._glm_publish(None, "skyrl-lora"))

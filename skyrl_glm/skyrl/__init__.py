@@ -9,6 +9,7 @@
     hardware.py        ``skyrl_glm.hardware`` and the GPUs a layout asks for
     overlong.py        ``skyrl_glm.overlong``: DAPO's soft overlong penalty
     key_placement.py   where a multi-node run's control key must live
+    placement.py       the nodes a config's trainer ranks and engines land on, and each engine's route (dry run)
     the run
     run.py             one training run from a command line (both doors of ``skyrl_glm.train``)
     experiment.py      GlmPPOExp: SkyRL's BasePPOExp with the registry's workers and the worker extension
@@ -26,7 +27,8 @@
     worker_sync.py     the strategy-independent half of a policy worker that syncs through skyrl-glm
     fsdp.py            the FSDP policy worker
     megatron.py        the Megatron policy worker, the export deduplicated as it streams
-    publish.py         SkyRLServers: SkyRL's servers as the publisher's receiving side
+    routes.py          each engine's transport from where it runs (node-local to rank 0's node, else collective)
+    publish.py         SkyRLServers: SkyRL's servers as the publisher's receiving side, each over its route
     sync_group.py      the trainer<->vLLM group of the collective transport
     vllm_extension.py  the worker extension SkyRL's servers load: SkyRL's plus skyrl-glm's receiver
     signed_client.py   SkyRL's clients sign their control calls with the run key

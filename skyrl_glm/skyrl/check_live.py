@@ -3,8 +3,9 @@
 
 - trainer: the policy workers' own forward through SkyRL's ``WorkerDispatch.forward`` (the live PEFT model, its
   LoRA included); LoRA B perturbed and restored by worker methods (:class:`~skyrl_glm.skyrl.worker_sync.GlmSyncMixin`);
-- sampler: SkyRL's inference client against the served adapter: ``sample()`` for prefill (prompt logprobs),
-  ``generate()`` (the rollouts' path) for decode (greedy tokens and their logprobs);
+- sampler: SkyRL's inference client against the served adapter, one per engine so that each engine answers a
+  share of the probes: ``sample()`` for prefill (prompt logprobs), ``generate()`` (the rollouts' path) for decode
+  (greedy tokens and their logprobs);
 - publisher: the run's real weight sync (``save_weights_for_sampler``), whatever ``skyrl_glm.sync.mode`` is.
 
 The algorithm is synchronous and runs in a thread; the sampler and publisher hand their coroutines to the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import ray
@@ -84,16 +85,20 @@ class LiveTrainer:
 
 
 class LiveSampler:
-    """Scores and generates through SkyRL's inference client, on the served LoRA (``model``)."""
+    """Scores and generates on the served LoRA (``model``) through one SkyRL client per engine (each talking to its
+    server alone), so every engine is checked: probe ``i`` goes to engine ``i mod engines``."""
 
-    def __init__(self, client: Any, model: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.client = client
+    def __init__(self, clients: Sequence[Any], model: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.clients = list(clients)
         self.model = model
         self.loop = loop
 
-    async def _sample(self, prompt: list[int], prompt_logprobs: bool) -> dict[str, Any]:
+    def _engine(self, i: int) -> Any:
+        return self.clients[i % len(self.clients)]
+
+    async def _sample(self, client: Any, prompt: list[int], prompt_logprobs: bool) -> dict[str, Any]:
         """One token after ``prompt`` (greedy), with the prompt's logprobs when asked."""
-        return await self.client.sample(
+        return await client.sample(
             {
                 "json": {
                     "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
@@ -105,29 +110,42 @@ class LiveSampler:
             }
         )
 
-    async def first_token(self, prompt: list[int]) -> list[int]:
-        """One greedy token after ``prompt`` (on the event loop): the cheapest request on the served adapter."""
-        answer = await self._sample(prompt, False)
-        return list(answer["sequences"][0]["tokens"])
+    async def first_token(self, prompt: list[int]) -> list[list[int]]:
+        """One greedy token after ``prompt`` on every engine at once (on the event loop): the cheapest request on
+        the served adapter."""
+        answers = await asyncio.gather(*(self._sample(c, prompt, False) for c in self.clients))
+        return [list(a["sequences"][0]["tokens"]) for a in answers]
 
-    def _all(self, calls: list[Awaitable[dict[str, Any]]]) -> list[dict[str, Any]]:
-        async def gather() -> list[dict[str, Any]]:
+    def _all[T](self, calls: list[Awaitable[T]]) -> list[T]:
+        async def gather() -> list[T]:
             return list(await asyncio.gather(*calls))
 
         return _on_loop(self.loop, gather())
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        answers = self._all([self._sample(s, True) for s in sequences])
+        answers = self._all([self._sample(self._engine(i), s, True) for i, s in enumerate(sequences)])
         return [list(a["prompt_logprobs"][1:]) for a in answers]
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
-        """Greedy continuations through the client's ``generate``, the path SkyRL's rollouts take, with vLLM's own
+        """Greedy continuations through each engine's ``generate``, the path SkyRL's rollouts take, with vLLM's own
         sampling parameters: ``max_tokens`` tokens each, past any end-of-sequence token (as the offline sampler),
         so the decode figures always average over every prompt's tokens."""
         params = {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": 0, "ignore_eos": True}
-        batch = {"prompt_token_ids": prompts, "sampling_params": params}
-        out = _on_loop(self.loop, self.client.generate(batch, model=self.model))
-        return [(list(t), list(lp)) for t, lp in zip(out["response_ids"], out["response_logprobs"], strict=True)]
+        shares = [list(range(e, len(prompts), len(self.clients))) for e in range(len(self.clients))]
+        outs = self._all(
+            [
+                c.generate(
+                    {"prompt_token_ids": [prompts[i] for i in share], "sampling_params": params}, model=self.model
+                )
+                for c, share in zip(self.clients, shares, strict=True)
+                if share
+            ]
+        )
+        result: list[tuple[list[int], list[float]]] = [([], [])] * len(prompts)
+        for share, out in zip([s for s in shares if s], outs, strict=True):
+            for i, t, lp in zip(share, out["response_ids"], out["response_logprobs"], strict=True):
+                result[i] = (list(t), list(lp))
+        return result
 
 
 class LivePublisher:

@@ -32,11 +32,12 @@ from skyrl_glm.check.probes import DECODE_TOKENS, NUM_PROBES, PROBE_LENGTH, PROM
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
+from skyrl_glm.skyrl.routes import AUTO, ROUTE_FAULTS, local_transport
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 from skyrl_glm.usage import UsageError
 
-AUTO_TRANSPORT = "auto"
+AUTO_TRANSPORT = AUTO
 MAX_BUCKET_MB = 1 << 16  # 64 GiB: far above any adapter's unique bytes (full GLM-5.3 r32: 0.62 GB)
 # The check's probes run through the trainer and the sampler before step 1: bounded so that a typo cannot turn
 # the seconds-long check into a long run of its own.
@@ -72,8 +73,9 @@ class SyncSection:
     mode: Literal["memory", "disk"] = "memory"
     """``memory``: skyrl-glm's plan -> transport -> receiver, no file written; ``disk``: SkyRL's own PEFT-file sync."""
     transport: str = AUTO_TRANSPORT
-    """A registered transport (built-in: ``cpu``, ``ipc``, ``nccl``; plugins add theirs), or ``auto``: ``ipc`` when
-    colocated on GPUs, ``cpu`` (shared memory, same host) when the trainer is on one node, else ``nccl``."""
+    """A registered transport (built-in: ``cpu``, ``ipc``, ``nccl``; plugins add theirs) for every engine, or
+    ``auto``, chosen per engine from where it runs: on the trainer's sending node ``ipc`` when colocated on GPUs,
+    else ``cpu`` (shared memory); on another node ``nccl`` (gloo on CPU)."""
     verify: bool = True
     """Receiver checks checksums and finiteness of every tensor (structure is always checked)."""
     bucket_mb: int = DEFAULT_BUCKET_BYTES >> 20
@@ -81,7 +83,8 @@ class SyncSection:
     fault: str = NO_FAULT
     """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries
     (``no-publish``, ``double-scale``, ``wrong-target``, ``drop-experts``, ``drop-shared-experts``): from the start,
-    every sync after the first is broken (the check before step 1 must stop the run)."""
+    every sync after the first is broken (the check before step 1 must stop the run); or one of the routing faults
+    (``remote-same-host``, ``skip-remote``: :data:`skyrl_glm.skyrl.routes.ROUTE_FAULTS`)."""
     fault_at_step: int = 0
     """Start ``fault`` at training step k instead (0: from the start): the syncs after step k, k+1, ... are
     broken, the earlier ones intact, so the agree check after the sync that follows step k must stop the run."""
@@ -94,7 +97,7 @@ class SyncSection:
     def __post_init__(self) -> None:
         _choice("skyrl_glm.sync.mode", self.mode, _literal_values(SyncSection, "mode"))
         _choice("skyrl_glm.sync.expert_layout", self.expert_layout, LAYOUTS)
-        _choice("skyrl_glm.sync.fault", self.fault, SKYRL_FAULTS)
+        _choice("skyrl_glm.sync.fault", self.fault, [*SKYRL_FAULTS, *ROUTE_FAULTS])
         _bounded("skyrl_glm.sync.fault_at_step", self.fault_at_step, 0, None)
         if self.fault_at_step and self.fault == NO_FAULT:
             raise ConfigError("skyrl_glm.sync.fault_at_step: set skyrl_glm.sync.fault too (which fault starts then)")
@@ -204,16 +207,16 @@ class GlmTrainConfig(Protocol):
     skyrl_glm: GlmSection
 
 
+def colocated_gpu(glm: GlmSection, placement: PlacementConfig) -> bool:
+    """Trainer and sampler take turns on the same GPUs."""
+    return placement.colocate_all and not glm.cpu
+
+
 def resolved_transport(glm: GlmSection, placement: PlacementConfig) -> str:
-    """``skyrl_glm.sync.transport`` with ``auto`` resolved: CUDA IPC when colocated on GPUs, shared memory when the
-    trainer is on one node (CPU mode included), else the collective transport (NCCL, over a group of the
-    trainer's sending rank and every vLLM worker)."""
-    transport = glm.sync.transport
-    if transport != AUTO_TRANSPORT:
-        return transport
-    if placement.colocate_all and not glm.cpu:
-        return "ipc"
-    return "cpu" if placement.policy_num_nodes == 1 else "nccl"
+    """``skyrl_glm.sync.transport`` for the engines on the trainer's sending node, ``auto`` resolved: CUDA IPC when
+    colocated on GPUs, shared memory otherwise (CPU mode included). Engines on other nodes take the collective
+    transport under ``auto`` (:mod:`skyrl_glm.skyrl.routes`, per engine once the run knows where each runs)."""
+    return local_transport(glm.sync.transport, colocated_gpu(glm, placement))
 
 
 __all__ = [
@@ -224,6 +227,7 @@ __all__ = [
     "GlmTrainConfig",
     "SkyRLGlmConfig",
     "SyncSection",
+    "colocated_gpu",
     "make_glm_config",
     "resolved_transport",
 ]

@@ -193,6 +193,20 @@ def _patch_device_mesh(device_mesh: types.ModuleType) -> None:
     device_mesh.init_device_mesh = cpu_device_mesh
 
 
+def _patch_engine_placement(setup: types.ModuleType) -> None:
+    # inference_servers/setup.py:221: without colocation the engines get a placement group of their own, PACKed,
+    # so on a cluster with free GPUs on every node all engines land on one node. The multi-node recipes colocate,
+    # which puts engine i beside the trainer ranks of node i; CPU mode cannot colocate (no sleep mode), so it
+    # SPREADs the engines' bundles (one logical GPU each: TP is 1 in CPU mode) for that same one engine per node.
+    # On one node SPREAD packs as PACK does.
+    place = setup.ray_placement_group
+
+    def spread(bundles: Any, strategy: str = "PACK", *args: Any, **kwargs: Any) -> Any:
+        return place(bundles, "SPREAD" if strategy == "PACK" else strategy, *args, **kwargs)
+
+    setup.ray_placement_group = spread
+
+
 _installed = False
 
 
@@ -208,3 +222,4 @@ def install() -> None:
     _after_import("torch")(_patch_torch)
     _after_import("torch.distributed")(_patch_distributed)
     _after_import("torch.distributed.device_mesh")(_patch_device_mesh)
+    _after_import("skyrl.backends.skyrl_train.inference_servers.setup")(_patch_engine_placement)

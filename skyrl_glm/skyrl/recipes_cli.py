@@ -111,10 +111,10 @@ def _layout_line(cfg: GlmTrainConfig) -> str:
         f"{e.num_engines} x {e.backend} (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size} x DP "
         f"{e.data_parallel_size}, EP {e.expert_parallel_size})"
     )
-    from skyrl_glm.skyrl.config import resolved_transport
+    from skyrl_glm.skyrl.placement import sync_transports
 
     lora = t.policy.model.lora
-    sync = f"{cfg.skyrl_glm.sync.mode} sync via {resolved_transport(cfg.skyrl_glm, t.placement)}"
+    sync = f"{cfg.skyrl_glm.sync.mode} sync via {sync_transports(cfg.skyrl_glm, t.placement)}"
     return f"trainer {trainer}; sampler {sampler}; LoRA r{lora.rank}/alpha {lora.alpha}; {sync}"
 
 
@@ -215,6 +215,12 @@ def dry_run(
     lines += [("export", t.export_path), ("logs", t.log_path)]
     for key, value in lines:
         console.print(f"[bold]# {key}:[/] {value}", highlight=False)
+    if glm.sync.mode == "memory":
+        from skyrl_glm.skyrl.placement import placement_lines
+
+        console.print("[bold]# per node (trainer ranks; engines: transport and sender of their LoRA sync):[/]")
+        for line in placement_lines(t, cfg.generator.inference_engine, glm):
+            console.print(f"#   {line}", highlight=False)
     for where, commands in launch_commands(recipe, overrides, cfg.skyrl_glm.hardware, cfg.trainer.placement).items():
         console.print(f"[bold]# launch, {where}:[/]", highlight=False)
         for line in commands:

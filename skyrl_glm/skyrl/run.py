@@ -160,12 +160,10 @@ def report_summary(log_path: str, summary: RunSummary) -> Path:
 
 def opening_lines(t: TrainerConfig, glm: GlmSection, log_file: Path, verbose: bool) -> list[str]:
     """What is about to run, and where its full log goes."""
-    from skyrl_glm.skyrl.config import resolved_transport
+    from skyrl_glm.skyrl.placement import sync_transports
 
     steps = f"{t.max_training_steps} steps" if t.max_training_steps else f"{t.epochs} epoch(s)"
-    sync = (
-        f"{glm.sync.mode} via {resolved_transport(glm, t.placement)}" if glm.sync.mode == "memory" else "disk (SkyRL's)"
-    )
+    sync = f"{glm.sync.mode} via {sync_transports(glm, t.placement)}" if glm.sync.mode == "memory" else "disk (SkyRL's)"
     check = "before step 1" if glm.check.before_training else "off"
     if glm.check.every_n_syncs:
         check += f", agree every {glm.check.every_n_syncs} sync(s)"

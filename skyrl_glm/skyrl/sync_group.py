@@ -1,5 +1,6 @@
 """The process group the collective transport runs over inside SkyRL: the trainer's sending rank (rank 0) and
-every vLLM worker of every server, NCCL between separate GPUs, gloo on CPU.
+every vLLM worker of the servers it reaches (:mod:`skyrl_glm.skyrl.routes`: under ``auto`` the engines on other
+nodes), NCCL between separate GPUs, gloo on CPU. Rank 0 hosts the rendezvous at its own node's address.
 
 SkyRL 0.4.0 builds a group of the same shape for its own weight transfer (vLLM's NCCL engine: master address and a
 free port on rank 0's node, ``world_size`` = inference workers + 1, a cumulative ``rank_offset`` per deployment
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -41,13 +43,33 @@ def worker_rank(parallel_config: Any, rank_offset: int) -> int:
     return dp_rank * parallel_config.world_size + parallel_config.rank + rank_offset
 
 
-def _node_address() -> str:
+def node_address() -> str:
+    """This process's node address as Ray knows it (the host part of the URLs SkyRL's servers on this node
+    serve); outside Ray (a test), this host."""
     try:
         import ray
 
-        return ray._private.services.get_node_ip_address()
+        return ray.util.get_node_ip_address()
     except Exception:  # noqa: BLE001 - outside Ray (a test): this host
         return "127.0.0.1"
+
+
+NODE_METHOD = "skyrl_glm_node"
+
+
+async def engine_nodes(client: Any) -> list[tuple[str, str]]:
+    """``(server URL, node)`` for every server behind SkyRL's client, the node as its workers report it (several
+    joined with ``+`` when an engine's workers span nodes: then no node-local handle reaches all of them)."""
+
+    async def node(url: str) -> tuple[str, str]:
+        payload = {"method": NODE_METHOD, "args": list(signed(NODE_METHOD, ()))}
+        _, response = await client._call_server(url, "/collective_rpc", payload)
+        nodes = sorted({str(n) for n in (response.get("body") or {}).get("results") or []})
+        if not nodes:
+            raise RuntimeError(f"no vLLM worker of {url} said which node it runs on")
+        return url, "+".join(nodes)
+
+    return list(await asyncio.gather(*(node(u) for u in client.server_urls)))
 
 
 def _free_port(host: str) -> int:
@@ -56,17 +78,19 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-async def open_group(client: Any, backend: str) -> dist.ProcessGroup:
-    """On the trainer's sending rank: have every worker of every server behind SkyRL's ``RemoteInferenceClient``
-    join a new group (over ``/collective_rpc``) while this rank joins as rank 0."""
+async def open_group(client: Any, backend: str, server_urls: Sequence[str]) -> dist.ProcessGroup:
+    """On the trainer's sending rank: have every worker of the servers at ``server_urls`` (whole deployments of
+    SkyRL's ``RemoteInferenceClient``: the engines the collective transport reaches) join a new group (over
+    ``/collective_rpc``) while this rank joins as rank 0, at its node's address."""
     from skyrl.backends.skyrl_train.weight_sync.control_plane import nccl_init_payloads
 
-    inference_workers, _ = await client.get_world_size()
-    world_size = inference_workers + 1
-    host = _node_address()
+    _, per_server = await client.get_world_size()
+    deployments = max(1, len(server_urls) // max(1, client.data_parallel_size))
+    world_size = per_server * deployments + 1
+    host = node_address()
     port = _free_port(host)
     init = {"rank_offset": 1, "world_size": world_size}
-    payloads = nccl_init_payloads(init, client.server_urls, client.data_parallel_size)
+    payloads = nccl_init_payloads(init, server_urls, client.data_parallel_size)
     joining = asyncio.gather(
         *(
             client._call_server(
@@ -77,7 +101,7 @@ async def open_group(client: Any, backend: str) -> dist.ProcessGroup:
                     "args": list(signed(JOIN_METHOD, (host, port, int(p["rank_offset"]), world_size, backend))),
                 },
             )
-            for url, p in zip(client.server_urls, payloads, strict=True)
+            for url, p in zip(server_urls, payloads, strict=True)
         )
     )
     group = await asyncio.to_thread(join, host, port, 0, world_size, backend)

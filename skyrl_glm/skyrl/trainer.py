@@ -29,9 +29,10 @@ from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.dapo.report import dumped_eval_metrics
 from skyrl_glm.skyrl.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
-from skyrl_glm.skyrl.config import GlmSection, resolved_transport
+from skyrl_glm.skyrl.config import GlmSection, colocated_gpu
 from skyrl_glm.skyrl.mismatch_log import generation_kl
 from skyrl_glm.skyrl.overlong import shape_rewards
+from skyrl_glm.skyrl.publish import one_server
 from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
 from skyrl_glm.skyrl.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
 from skyrl_glm.skyrl.worker_sync import WorkerSync
@@ -43,10 +44,17 @@ CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits
 
 
 def worker_sync(glm: GlmSection, placement: PlacementConfig) -> WorkerSync:
-    """The workers' part of ``skyrl_glm.sync`` (the transport resolved for the trainer's ``placement``)."""
+    """The workers' part of ``skyrl_glm.sync`` (rank 0 resolves the transport per engine)."""
     sync = glm.sync
-    transport = resolved_transport(glm, placement)
-    return WorkerSync(sync.mode, transport, sync.bucket_bytes, sync.verify, sync.fault, sync.fault_at_step)
+    return WorkerSync(
+        sync.mode,
+        sync.transport,
+        sync.bucket_bytes,
+        sync.verify,
+        sync.fault,
+        fault_at_step=sync.fault_at_step,
+        colocated_gpu=colocated_gpu(glm, placement),
+    )
 
 
 def _render(report: CheckReport) -> str:
@@ -93,6 +101,14 @@ class GlmPPOTrainer(RayPPOTrainer):
         super().init_weight_sync_state()
         self._glm_sync = self.dispatch.save_weights_for_sampler
         self._glm_syncs = 0
+        client = self.inference_engine_client
+        self._glm_engines = [one_server(client, url) for url in client.server_urls]  # the check asks each engine
+        routes = ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_routes"))[0]
+        rank_nodes = ray.get(self.policy_model.async_run_ray_method("pass_through", "skyrl_glm_node"))
+        for r in routes:
+            log.info(
+                "skyrl-glm route: engine %s on %s takes %s from %s", r["engine"], r["node"], r["transport"], r["sender"]
+            )
         glm = self.cfg.skyrl_glm
         checked = glm.check.before_training or glm.check.every_n_syncs > 0
         targets = self.cfg.trainer.policy.model.lora.target_modules  # a list, or one of PEFT's names ("all-linear")
@@ -107,6 +123,8 @@ class GlmPPOTrainer(RayPPOTrainer):
                 "strategy": self.cfg.trainer.strategy,
                 # what SkyRL's own sync does where skyrl-glm's is off (mode=disk): its files, or its memory mode
                 "skyrl_lora_sync_mode": self.cfg.trainer.policy.model.lora.sync_mode,
+                "routes": routes,
+                "policy_nodes": rank_nodes,
             },
         )
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
@@ -192,7 +210,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         loop = asyncio.get_running_loop()
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         trainer = LiveTrainer(self.dispatch, self.policy_model, pad)
-        sampler = LiveSampler(self.inference_engine_client, resolve_policy_model_name(self.cfg), loop)
+        sampler = LiveSampler(self._glm_engines, resolve_policy_model_name(self.cfg), loop)
         return trainer, sampler, loop
 
     def _at_check_temperature(self, on: bool) -> None:

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 from skyrl_glm.check.faults import NO_FAULT
 from skyrl_glm.lora.experts import routed_expert_targets
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.config import ConfigError, GlmSection, GlmTrainConfig, SyncSection, resolved_transport
+from skyrl_glm.skyrl.config import (
+    AUTO_TRANSPORT,
+    ConfigError,
+    GlmSection,
+    GlmTrainConfig,
+    SyncSection,
+    resolved_transport,
+)
 from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
 from skyrl_glm.skyrl.value_ranges import range_problem
 from skyrl_glm.sync.expert_layout import (
@@ -56,6 +63,13 @@ def check_consistency(glm: GlmSection, trainer: TrainerConfig) -> None:
             raise ConfigError(
                 f"skyrl_glm.sync.transport: {transport} inside SkyRL needs a process group with the vLLM workers; "
                 f"SkyRL runs open one for {CollectiveTransport.name} only"
+            )
+    spans = trainer.placement.policy_num_nodes > 1
+    if glm.sync.mode == "memory" and spans and glm.sync.transport != AUTO_TRANSPORT:
+        if not registry().transport(glm.sync.transport).crosses_nodes:
+            raise ConfigError(
+                f"skyrl_glm.sync.transport: {glm.sync.transport} reaches only engines on the trainer's sending node, "
+                f"and the policy spans {trainer.placement.policy_num_nodes} nodes; use auto (per engine) or nccl"
             )
     if glm.cpu and glm.sync.transport == "ipc":
         raise ConfigError(

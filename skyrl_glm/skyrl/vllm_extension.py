@@ -57,6 +57,12 @@ class SkyRLGlmWorkerExtension(NewInferenceWorkerWrap, LoraSyncWorkerExtension):
         state.group = sync_group.join(host, port, rank, world_size, backend)
         return rank
 
+    def skyrl_glm_node(self, *args: Any, **kwargs: Any) -> str:
+        """The node this worker runs on: the trainer routes each engine's update by where its workers are
+        (:mod:`skyrl_glm.skyrl.routes`). Signed like every control call."""
+        verify("skyrl_glm_node", args, kwargs, (0, 0))
+        return sync_group.node_address()
+
     def fetch_weights(self, *args: Any, **kwargs: Any) -> Any:
         raise ControlRefused("fetch_weights: skyrl-glm syncs the LoRA adapter in memory; base weights are not fetched")
 

@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from skyrl_glm.check.faults import inject_in_skyrl
+from skyrl_glm.check.faults import NO_FAULT, inject_in_skyrl
 from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl import signed_client
-from skyrl_glm.skyrl.publish import SkyRLServers
+from skyrl_glm.skyrl.publish import SkyRLServers, one_server
+from skyrl_glm.skyrl.routes import ROUTE_FAULTS, Route, plan_routes
 from skyrl_glm.sync.dedup import Dedup
 from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.transports.collective import CollectiveTransport
+from skyrl_glm.sync.transports.fanout import FanOut
 from skyrl_glm.sync.update import UpdateResult
 
 if TYPE_CHECKING:
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class WorkerSync:
-    """The part of ``skyrl_glm.sync`` a policy worker acts on (``transport`` already resolved from ``auto``)."""
+    """The part of ``skyrl_glm.sync`` a policy worker acts on. ``transport`` as configured (``auto`` included):
+    rank 0 resolves it per engine once it knows where each engine runs (:mod:`skyrl_glm.skyrl.routes`);
+    ``colocated_gpu``: trainer and sampler share GPUs (CUDA IPC on the sender's node under ``auto``)."""
 
     mode: str
     transport: str
@@ -40,6 +44,7 @@ class WorkerSync:
     verify: bool = True
     fault: str = "none"
     fault_at_step: int = 0  # 0: from the start; k: from the sync after step k, once the trainer arms it
+    colocated_gpu: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,7 +60,8 @@ class GlmSyncMixin:
     _glm_publisher: InMemoryPublisher | None = None
     _glm_sender: Any = None  # the publisher, with the configured fault (skyrl_glm.sync.fault) applied once it applies
     _glm_fault_armed = False  # skyrl_glm.sync.fault_at_step: the trainer arms the fault before the sync after step k
-    _glm_group: Any = None  # rank 0, collective transport: the group with every vLLM worker
+    _glm_group: Any = None  # rank 0, collective transport: the group with the vLLM workers it reaches
+    _glm_routes: list[Route] = []  # rank 0: each engine's route (replaced, never mutated)
     _glm_version = 0
     _glm_last: dict[str, Any] | None = None
     _glm_backup: list[torch.Tensor] | None = None
@@ -84,22 +90,46 @@ class GlmSyncMixin:
             return await super().init_weight_sync_state(inference_engine_client, inference_engine_cfg)  # type: ignore[misc]
         self._weight_sync_inference_client = inference_engine_client
         self._weight_sync_engine = None
-        if self._glm_memory_sync() and self._glm_sync.transport == CollectiveTransport.name:  # type: ignore[union-attr]
-            if torch.distributed.get_rank() == 0:
-                from skyrl_glm.skyrl.sync_group import open_group
-
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
-                self._glm_group = await open_group(inference_engine_client, backend)
+        if self._glm_memory_sync() and torch.distributed.get_rank() == 0:
+            await self._glm_open_routes(inference_engine_client)
         torch.distributed.barrier()
 
+    async def _glm_open_routes(self, client: Any) -> None:
+        """Rank 0: each engine's route from where it runs, and the collective group with the engines it reaches."""
+        from skyrl_glm.skyrl.sync_group import engine_nodes, node_address, open_group
+
+        s = self._glm_sync
+        assert s is not None
+        engines = await engine_nodes(client)
+        self._glm_routes = plan_routes(s.transport, s.colocated_gpu, node_address(), engines, s.fault)
+        reached = [r.engine for r in self._glm_routes if r.transport == CollectiveTransport.name]
+        if reached:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            self._glm_group = await open_group(client, backend, reached)
+
+    def skyrl_glm_node(self) -> str:
+        """The node this policy rank runs on (the run's record of where its ranks ran)."""
+        from skyrl_glm.skyrl.sync_group import node_address
+
+        return node_address()
+
+    def skyrl_glm_routes(self) -> list[dict[str, Any]]:
+        """Each engine's route (rank 0; empty elsewhere)."""
+        return [r.to_dict() for r in self._glm_routes]
+
     def _glm_transport(self) -> Transport:
-        """The sending end of the configured transport (the collective one over the group with the vLLM workers)."""
-        assert self._glm_sync is not None
-        if self._glm_sync.transport == CollectiveTransport.name:
-            if self._glm_group is None:
-                raise RuntimeError("the collective transport's group with the vLLM workers was not opened")
-            return CollectiveTransport(group=self._glm_group, src=0)
-        return registry().transport(self._glm_sync.transport)()
+        """The sending end: every routed transport behind one fan-out, the node-local one first (the plan packs
+        into its memory); the collective one over the group with the vLLM workers it reaches."""
+        names = sorted({r.transport for r in self._glm_routes}, key=lambda n: n == CollectiveTransport.name)
+        parts: list[Transport] = []
+        for name in names:
+            if name == CollectiveTransport.name:
+                if self._glm_group is None:
+                    raise RuntimeError("the collective transport's group with the vLLM workers was not opened")
+                parts.append(CollectiveTransport(group=self._glm_group, src=0))
+            else:
+                parts.append(registry().transport(name)())
+        return FanOut(parts)
 
     async def broadcast_to_inference_engines(
         self, inference_engine_client: Any, inference_engine_cfg: InferenceEngineConfig, model_id: str | None = None
@@ -144,7 +174,7 @@ class GlmSyncMixin:
                 "ok": result.ok,
                 "version": result.version,
                 "reason": result.reason,
-                "transport": self._glm_sync.transport,
+                "transport": "+".join(sorted({r.transport for r in self._glm_routes})),
                 **self._glm_export_info,
                 **result.timings,
             }
@@ -168,10 +198,11 @@ class GlmSyncMixin:
         """``publisher`` with the configured fault as it stands now: from the start (the first update spared, so
         the check before step 1 sees it), armed (every update broken), or not yet armed (none)."""
         assert self._glm_sync is not None
+        fault = NO_FAULT if self._glm_sync.fault in ROUTE_FAULTS else self._glm_sync.fault  # the routes took it
         if self._glm_sync.fault_at_step == 0:
-            return inject_in_skyrl(self._glm_sync.fault, publisher)
+            return inject_in_skyrl(fault, publisher)
         if self._glm_fault_armed:
-            return inject_in_skyrl(self._glm_sync.fault, publisher, spare_first=False)
+            return inject_in_skyrl(fault, publisher, spare_first=False)
         return publisher
 
     def skyrl_glm_arm_fault(self) -> None:
@@ -184,7 +215,8 @@ class GlmSyncMixin:
     def _glm_new_publisher(self, client: Any, lora_name: str) -> InMemoryPublisher:
         """The in-memory publisher to the SkyRL servers of ``lora_name`` over the configured transport."""
         assert self._glm_sync is not None
-        servers = SkyRLServers(client, lora_name, self._glm_sync.verify)
+        engines = [(r, one_server(client, r.engine)) for r in self._glm_routes]
+        servers = SkyRLServers(engines, lora_name, self._glm_sync.verify)
         return InMemoryPublisher(servers, self._glm_transport(), lora_name, self._glm_sync.bucket_bytes)
 
     def skyrl_glm_last_sync(self) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@
     shm.py           "cpu": shared-memory segments, sender and receiver on one host
     collective.py    "nccl": a torch.distributed broadcast (NCCL between GPUs, gloo on CPU)
     cuda_ipc.py      "ipc": CUDA IPC handles, sender and receiver on one GPU
+    fanout.py        the sender's side of one plan sent over several of them at once (never registered)
 
 Registered by reference, so reading the registry imports no transport (nor torch); import a transport's module
 where it is used.

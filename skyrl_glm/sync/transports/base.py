@@ -30,6 +30,9 @@ class Transport(ABC):
     """A collective transport: built with ``(group, src)``, a process group spanning the sender and every receiver."""
     needs_cuda: ClassVar[bool] = False
     """It moves CUDA memory: the adapter must be on a GPU."""
+    crosses_nodes: ClassVar[bool] = False
+    """A receiver on another node can open its handle. False (a shared-memory segment, a CUDA IPC handle, and any
+    plugin transport that does not say otherwise): only a receiver on the sender's node is handed one."""
 
     def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
         """A zeroed ``uint8[nbytes]`` buffer the plan packs its stream into (``build_plan(staging=...)``): a transport

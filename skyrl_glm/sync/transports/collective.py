@@ -28,6 +28,7 @@ class CollectiveTransport(Transport):
 
     name = "nccl"
     needs_group = True
+    crosses_nodes = True
 
     def __init__(self, group: dist.ProcessGroup | None = None, src: int = 0) -> None:
         """``group``: default ``torch.distributed``'s world group; ``src``: the sender's rank in ``group``."""
