@@ -248,15 +248,17 @@ def _layer_counts(text: str) -> list[int]:
 
 
 def _layouts(text: str | None) -> list[str] | None:
-    from skyrl_glm.sync.expert_layout import LAYOUTS
+    from skyrl_glm.sync.expert_layout import LAYOUTS, LayoutError, check_layout
 
     if text is None:
         return None
     chosen = [x for x in text.split(",") if x]
-    unknown = [x for x in chosen if x not in LAYOUTS]
-    if unknown or not chosen:
-        raise UsageError(f"--layouts {text!r}: choose from {','.join(LAYOUTS)}")
-    return chosen
+    try:
+        if not chosen:
+            raise LayoutError("no layout")
+        return [check_layout(x) for x in chosen]
+    except LayoutError:
+        raise UsageError(f"--layouts {text!r}: choose from {','.join(LAYOUTS)}") from None
 
 
 def _cmd_bench_load(args: argparse.Namespace) -> int:
