@@ -37,7 +37,8 @@ Ref = Any
 
 class TrainerFactory(Protocol):
     """Builds the check's trainer side for one checkpoint (see :class:`~skyrl_glm.check.algorithm.TrainerScorer`):
-    its LoRA A drawn from ``seed``; with ``shared_experts`` one adapter for all routed experts of a layer."""
+    its LoRA A drawn from ``seed``; with ``expert_groups`` G one adapter per group of E/G consecutive routed experts
+    of a layer (1: one for all of them), None: one per expert."""
 
     def __call__(
         self,
@@ -49,7 +50,7 @@ class TrainerFactory(Protocol):
         alpha: int,
         device: str,
         seed: int,
-        shared_experts: bool,
+        expert_groups: int | None,
     ) -> TrainerScorer: ...
 
 

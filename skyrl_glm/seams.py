@@ -187,7 +187,7 @@ SEAMS: tuple[Seam, ...] = (
         "skyrl_glm/bench/load_layouts.py",
         "bench load reads the LoRA slot tensors vLLM allocated (its LoRAModelManager's modules) to measure their bytes",
     ),
-    # -- vLLM: the shared-all expert layout (skyrl_glm/sync/vllm/shared_factors.py) --------------------------
+    # -- vLLM: the shared-all and grouped expert layouts (skyrl_glm/sync/vllm/shared_factors.py) -------------
     *(
         Seam(
             "vllm.lora.layers.fused_moe:FusedMoEWithLoRA",
@@ -198,26 +198,42 @@ SEAMS: tuple[Seam, ...] = (
             why,
         )
         for name, why in (
-            ("create_lora_weights", "decides per layer, from the engine's config, whether its slots are shared-all"),
-            ("_create_lora_a_weights", "shared-all: the down lora_A slots become one expert's storage, stride-0 view"),
-            ("_create_lora_b_weights", "shared-all: the gate/up lora_B slots the same"),
-            ("set_lora", "shared-all: vLLM writes the collapsed slots through their one-expert storage"),
-            ("reset_lora", "shared-all: as set_lora"),
+            ("create_lora_weights", "decides per layer, from the engine's config, its expert groups (shared-all: 1)"),
+            ("_create_lora_a_weights", "grouped: the lora_A slots become [L, local groups, ...] storage"),
+            ("_create_lora_b_weights", "grouped: the lora_B slots the same"),
+            ("set_lora", "grouped: vLLM writes the slots through their storage, each factor cut to the local groups"),
+            ("reset_lora", "grouped: as set_lora"),
+            ("_build_lora_context", "grouped, several groups on a rank: the context carries the expert-to-group map"),
+        )
+    ),
+    *(
+        Seam(
+            "vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin:LoRAExpertsMixin",
+            name,
+            "patched",
+            VLLM,
+            "skyrl_glm/sync/vllm/shared_factors.py",
+            why,
+        )
+        for name, why in (
+            ("apply_w13_lora", "grouped: the kernels bucket tokens by group (expert_map), on [L, groups, ...] slots"),
+            ("apply_w2_lora", "grouped: the down projection on [L, groups, ...] slots, with gate/up's buckets"),
         )
     ),
     *(
         Seam(
             "vllm.lora.layers.fused_moe:FusedMoEWithLoRA",
             name,
-            kind,
+            "assigned",
             VLLM,
             "skyrl_glm/sync/vllm/shared_factors.py",
-            why,
+            f"the {what} slot tensors the grouped layouts keep per group",
         )
-        for name, kind, why in (
-            ("w13_lora_b_stacked", "assigned", "the gate/up lora_B slot tensors shared-all collapses"),
-            ("w2_lora_a_stacked", "assigned", "the down lora_A slot tensors shared-all collapses"),
-            ("_match_expert_dim", "attribute", "set_lora takes expert 0 of a per-expert factor for a one-expert slot"),
+        for name, what in (
+            ("w13_lora_a_stacked", "gate/up lora_A"),
+            ("w13_lora_b_stacked", "gate/up lora_B"),
+            ("w2_lora_a_stacked", "down lora_A"),
+            ("w2_lora_b_stacked", "down lora_B"),
         )
     ),
     # -- added with the GPU sampler, the per-run ports and the sync group ----------------------------------

@@ -90,6 +90,25 @@ def test_end_to_end_rows_add_the_sync_to_the_fitted_load_and_the_measured_activa
     assert not any("stacked-3d" in k for k in rows)  # its engine did not start: no row
 
 
+def test_the_decode_table_shows_each_layout_against_the_engine_without_lora(tmp_path, capsys) -> None:
+    report = _made_up_report()
+    report.update(decode_batches=[1, 256], decode_new_tokens=L.DECODE_TOKENS)
+    report["layouts"]["none"] = {
+        "started": True,
+        "kv_cache_tokens": 1000,
+        "decode_tokens_per_s": {"base": {"1": 100.0, "256": 8000.0}},
+    }
+    report["layouts"]["per-expert"].update(
+        kv_cache_tokens=900,
+        decode_tokens_per_s={"adapter": {"1": 50.0, "256": 7600.0}, "base": {"1": 99.0, "256": 8000.0}},
+    )
+    L.print_layout_report(report)
+    out = capsys.readouterr().out
+    assert "batch 256" in out and "7,600 (95%)" in out and "50 (50%)" in out and "1000" in out
+    L.plot_layout_report(report, str(tmp_path / "layouts.png"))  # the baseline engine has no load to plot
+    assert L.end_to_end(report, SYNC)["rows"].keys() == L.end_to_end(_made_up_report(), SYNC)["rows"].keys()
+
+
 def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
     report = _made_up_report()
     report["end_to_end_75"] = L.end_to_end(report, SYNC)
@@ -103,10 +122,13 @@ def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--config", "full", "--device", "cuda", "--layouts", "stacked"], "--layouts 'stacked': choose from"),
+        (["--config", "full", "--device", "cuda", "--layouts", "stacked"], "--layouts 'stacked': each once, from"),
         (["--layouts", "per-expert"], "compare layouts at full width: add --config full"),
         (["--layers", "2,x"], "--layers '2,x': give MoE layer counts"),
         (["--layers", "2,4"], "several --layers counts are measured per layout: add --layouts"),
+        (["--config", "full", "--layouts", "grouped:4,grouped:4"], "--layouts 'grouped:4,grouped:4': each once"),
+        (["--config", "full", "--layouts", "grouped:4", "--decode", "1,x"], "give comma-separated batch sizes"),
+        (["--config", "full", "--layouts", "grouped:4", "--max-loras", "0"], "--max-loras must be in 1..16"),
     ],
 )
 def test_bad_layout_options_are_one_line(args: list[str], message: str) -> None:

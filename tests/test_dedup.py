@@ -249,3 +249,52 @@ def test_a_prefix_on_the_rules_equals_a_prefix_on_every_name(declared):
     direct = deduplicate([(prefix + n, t) for n, t in stream], shared_storage=declared)
     assert (renamed.runs, renamed.explicit, renamed.names) == (direct.runs, direct.explicit, direct.names)
     assert list(renamed.unique) == list(direct.unique) and renamed.public_bytes == direct.public_bytes
+
+
+def _bridge_stream(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """A tiny GLM-5.3 export with ``share_expert_adapters`` (one object under every expert name of a layer)."""
+    from skyrl_glm.lora.bridge import synthetic_bridge_export
+    from skyrl_glm.models import glm5
+
+    targets = ["self_attn.q_b_proj", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    return list(synthetic_bridge_export(glm5.tiny_config(), glm5.FAMILY.lora, rank=4, targets=targets, seed=seed))
+
+
+def _rules(d: dedup.Dedup) -> tuple:
+    return list(d.unique), list(d.grouped), d.ends, d.runs, d.explicit, d.public_count, d.public_bytes
+
+
+def test_a_memo_dedups_an_update_like_the_last_per_sent_tensor_and_anything_else_in_full():
+    memo = dedup.DedupMemo()
+    first = _bridge_stream(seed=0)
+    want = deduplicate(iter(first), shared_storage=True)
+    assert _rules(deduplicate(iter(first), shared_storage=True, memo=memo)) == _rules(want) and memo.hits == 0
+    again = _bridge_stream(seed=1)  # new values, new objects, the same names and sharing
+    got = deduplicate(iter(again), shared_storage=True, memo=memo)
+    assert memo.hits == 1 and _rules(got) == _rules(want)
+    assert all(t is dict(again)[n] for n, t in got.unique.items())  # this update's tensors, not the last one's
+    assert memo.result is not None and memo.result.unique == {}  # the memo holds no tensor
+    renamed = [(n.replace("layers.2.", "layers.9."), t) for n, t in again]  # other names: deduplicated in full
+    got = deduplicate(iter(renamed), shared_storage=True, memo=memo)
+    assert memo.hits == 1 and _rules(got) == _rules(deduplicate(iter(renamed), shared_storage=True))
+    assert _rules(deduplicate(iter(_bridge_stream(seed=2)), shared_storage=True, memo=memo)) == _rules(want)
+    assert memo.hits == 1  # the memo now holds the renamed layout
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda n, t: t.clone() if ".experts.3.down_proj.lora_B" in n else t,  # one expert's own tensor (split)
+        lambda n, t: t.t() if n.endswith("q_b_proj.lora_A.weight") else t,  # another shape and strides
+    ],
+    ids=["split", "reshaped"],
+)
+def test_a_memo_takes_no_update_whose_tensors_differ_from_the_last_ones_pattern(change):
+    memo = dedup.DedupMemo()
+    deduplicate(iter(_bridge_stream()), shared_storage=True, memo=memo)
+    changed = [(n, change(n, t)) for n, t in _bridge_stream(seed=1)]
+    got = deduplicate(iter(changed), shared_storage=True, memo=memo)
+    assert memo.hits == 0 and _rules(got) == _rules(deduplicate(iter(changed), shared_storage=True))
+    # and back: the tensors the changed update showed apart are one again (a hit would send a duplicate): in full
+    got = deduplicate(iter(_bridge_stream(seed=2)), shared_storage=True, memo=memo)
+    assert memo.hits == 0 and _rules(got) == _rules(deduplicate(iter(_bridge_stream()), shared_storage=True))

@@ -56,9 +56,14 @@ def test_a_layout_sets_its_engine_argument(layout: str) -> None:
     assert layouts.layout_of(kwargs) == layout
 
 
-@pytest.mark.parametrize("layout", [layouts.SHARED_OUTER, layouts.SHARED_ALL])
-def test_a_shared_layout_is_accepted_for_megatron_with_shared_expert_adapters(layout: str) -> None:
-    cfg = load_config(GLM53, [f"skyrl_glm.sync.expert_layout={layout}"])
+@pytest.mark.parametrize(
+    ("layout", "ep"),
+    [(layouts.SHARED_OUTER, 1), (layouts.SHARED_ALL, 1), ("grouped:16", 16), ("grouped:32", 16), ("grouped:1", 1)],
+)
+def test_a_shared_or_grouped_layout_is_accepted_for_megatron_with_its_expert_adapters(layout: str, ep: int) -> None:
+    """share_expert_adapters trains one adapter per EP rank: a layout of G groups serves it where EP divides G."""
+    ep_key = "trainer.policy.megatron_config.expert_model_parallel_size"
+    cfg = load_config(GLM53, [f"skyrl_glm.sync.expert_layout={layout}", f"{ep_key}={ep}"])
     from skyrl_glm.skyrl.validation import check_consistency
 
     check_consistency(cfg.skyrl_glm, cfg.trainer)  # raises ConfigError when refused
@@ -72,9 +77,13 @@ def test_a_shared_layout_is_accepted_for_megatron_with_shared_expert_adapters(la
         (GLM53, "skyrl_glm.sync.expert_layout=stacked-3d", "SkyRL 0.4.0's servers do not send"),
         (TINY, "skyrl_glm.sync.expert_layout=shared-outer", "only Megatron with"),
         (TINY, "skyrl_glm.sync.expert_layout=shared-all", "only Megatron with"),
+        (TINY, "skyrl_glm.sync.expert_layout=grouped:4", "only Megatron with"),
+        (GLM53, "skyrl_glm.sync.expert_layout=shared-all", "expert_model_parallel_size=16 gives 16 groups"),
+        (GLM53, "skyrl_glm.sync.expert_layout=grouped:4", "use grouped:16"),
+        (GLM53, "skyrl_glm.sync.expert_layout=grouped:x", "skyrl_glm.sync.expert_layout: must be one of"),
         (
             GLM53,
-            "skyrl_glm.sync.expert_layout=shared-all generator.inference_engine.engine_init_kwargs.additional_config=5",
+            "skyrl_glm.sync.expert_layout=grouped:16 generator.inference_engine.engine_init_kwargs.additional_config=5",
             "engine_init_kwargs: additional_config must be a mapping",
         ),
         (
@@ -93,11 +102,17 @@ def test_a_layout_the_run_cannot_serve_is_one_line(capsys, recipe: str, override
     [
         (["check", "--expert-layout", "shared-outer"], "vLLM's CPU build serves no routed-expert LoRA"),
         (["check", "--expert-layout", "shared-all"], "vLLM's CPU build serves no routed-expert LoRA"),
+        (["check", "--expert-layout", "grouped:2"], "vLLM's CPU build serves no routed-expert LoRA"),
+        (["check", "--expert-layout", "grouped:two"], "unknown expert layout 'grouped:two'"),
+        (["bench", "load", "--config", "full", "--layouts", "grouped:0"], "--layouts 'grouped:0': each once, from"),
+        (["bench", "load", "--config", "full", "--layouts", "none,grouped:4"], "is the --decode baseline"),
+        (["bench", "load", "--config", "full", "--layouts", "grouped:4", "--decode", "0"], "every batch size in 1"),
+        (["bench", "load", "--decode", "1,32"], "--decode and --max-loras are measured per layout"),
         (["check-matrix", "--expert-layout", "stacked-3d"], "vLLM's CPU build serves no routed-expert LoRA"),
         (["check-matrix", "--seeds", "3-x"], "--seeds '3-x': give comma-separated integers"),
         (["check", "--group-margin", "nan"], "group_margin"),
         (["check", "--fault", "drop-experts"], "--fault drop-experts needs a routed_expert LoRA target"),
     ],
 )
-def test_the_check_refuses_a_layout_before_any_engine(capsys, argv: list[str], says: str) -> None:
+def test_a_layout_is_refused_before_any_engine(capsys, argv: list[str], says: str) -> None:
     _refused(capsys, argv, says)

@@ -115,3 +115,42 @@ def test_a_fault_that_rewrites_names_refuses_an_adapter_without_them(fault):
     broken = inject_in_skyrl(fault, Sent(), spare_first=False)
     with pytest.raises(FaultNotApplicable, match=f"{fault} needs the adapter as a name -> tensor map"):
         broken.publish(iter(()), {"r": 8, "lora_alpha": 16}, 1)
+
+
+class Published:
+    """The inner publisher's side of a fault: what reached it."""
+
+    def __init__(self) -> None:
+        self.tensors: dict = {}
+
+    def publish(self, adapter, adapter_config, version):
+        from skyrl_glm.sync.update import UpdateResult
+
+        self.tensors = dict(adapter)
+        return UpdateResult(True, version)
+
+
+@pytest.mark.parametrize(("groups", "lost"), [(2, {0, 1}), (4, {0}), (1, {0, 1, 2, 3})])
+def test_drop_expert_group_zeroes_lora_b_of_expert_0s_group_only(groups: int, lost: set[int]) -> None:
+    """The experts holding expert 0's adapter (its group) lose their update (lora_B back to zero), the others and
+    every lora_A arrive as they are: what a sampler that missed one group's part of the update serves."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    draws = {(g, f): torch.randn(4, 4, generator=gen) for g in range(groups) for f in ("A", "B")}
+    adapter = {
+        f"model.layers.1.mlp.experts.{e}.{proj}.lora_{f}.weight": draws[(e // (4 // groups), f)]
+        for e in range(4)
+        for proj in ("gate_proj", "up_proj", "down_proj")
+        for f in "AB"
+    }
+    adapter["model.layers.1.self_attn.q_proj.lora_B.weight"] = torch.ones(4, 4)
+    inner = Published()
+    publisher, _ = inject("drop-expert-group", inner, None)
+    publisher.publish(adapter, {}, 1)  # the first update goes out intact
+    assert inner.tensors == adapter
+    publisher.publish(adapter, {}, 2)
+    for name, t in inner.tensors.items():
+        e = int(name.split(".experts.")[1].split(".")[0]) if ".experts." in name else None
+        zeroed = e in lost and ".lora_B." in name
+        assert torch.equal(t, torch.zeros_like(t) if zeroed else adapter[name]), name

@@ -25,7 +25,7 @@ def _outcomes(result: dict) -> dict[tuple[str, int], str]:
     return {(r["fault"], r["seed"]): r["outcome"] for r in result["checks"]}
 
 
-@pytest.mark.parametrize("layout", ["per-expert", "stacked-3d", "shared-outer", "shared-all"])
+@pytest.mark.parametrize("layout", ["per-expert", "stacked-3d", "shared-outer", "shared-all", "grouped:2"])
 def test_each_layout_serves_the_routed_experts(layout: str) -> None:
     from skyrl_glm.check.matrix import run_matrix
     from skyrl_glm.check.runner import CheckOptions
@@ -42,12 +42,14 @@ def test_each_layout_serves_the_routed_experts(layout: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("layout", "factor"), [("shared-outer", "gate_proj.lora_A"), ("shared-all", "gate_proj.lora_B")]
+    ("layout", "factor"),
+    [("shared-outer", "gate_proj.lora_A"), ("shared-all", "gate_proj.lora_B"), ("grouped:2", "down_proj.lora_A")],
 )
 def test_a_shared_layout_refuses_a_per_expert_adapter_before_it_serves(layout: str, factor: str) -> None:
     """The layout's refusal on the real engine: an adapter whose experts differ in a factor the layout keeps once
     cannot be served so (the engine would serve expert 0's to all); the receiver refuses, the previous version keeps
-    serving. shared-all keeps gate/up lora_B once too, which shared-outer keeps per expert."""
+    serving. shared-all keeps gate/up lora_B once too, which shared-outer keeps per expert; grouped:2 keeps every
+    factor once per group of two (experts 0 and 1 the first)."""
     from skyrl_glm.check.probes import make_probes
     from skyrl_glm.check.runner import CheckOptions, build, prepare, tiny_model_dir
 
@@ -70,6 +72,23 @@ def test_a_shared_layout_refuses_a_per_expert_adapter_before_it_serves(layout: s
     finally:
         for step in cleanup:
             step()
+
+
+@pytest.mark.parametrize("layout", ["grouped:2", "grouped:4", "shared-all"])
+def test_the_check_catches_one_group_of_experts_left_stale(layout: str) -> None:
+    """The tiny GLM-5.3's 4 experts in groups (grouped:4: one expert each, through the expert-to-group map as
+    grouped:2): the check passes, and an update whose first group kept its old lora_B (drop-expert-group) fails at
+    step 5 on every seed, as a sampler that lost one EP rank's share of the adapter would."""
+    from skyrl_glm.check.matrix import run_matrix
+    from skyrl_glm.check.runner import CheckOptions
+
+    options = CheckOptions(model="glm-5.3", device="cuda", lora_targets=EXPERTS_ONLY, expert_layout=layout)
+    result = run_matrix(options, ["ipc"], ["none", "drop-expert-group"], seeds=SEEDS[:5])
+    keep_result(f"drop_expert_group_{layout.replace(':', '')}_glm53.json", result)
+    got = _outcomes(result)
+    assert [got[("none", s)] for s in SEEDS[:5]] == ["PASS"] * 5, got
+    assert [got[("drop-expert-group", s)] for s in SEEDS[:5]] == ["FAIL at step 5"] * 5, got
+    assert result["all_as_expected"]
 
 
 @pytest.mark.parametrize("model", ["glm-5.3", "glm-4.5"])

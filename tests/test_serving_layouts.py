@@ -11,6 +11,8 @@ their kernels) apply them.
 
 from __future__ import annotations
 
+import itertools
+import re
 import types
 
 import pytest
@@ -108,10 +110,11 @@ def slots_shared_outer(tensors: dict[str, torch.Tensor], layer: int) -> tuple[li
     return out["a"], out["b"]
 
 
-def fused_moe_layer(shared: bool, layout: str):
-    """A ``FusedMoEWithLoRA`` of the tiny config's MoE shape with its slots made by vLLM's ``create_lora_weights``
-    inside an engine config of ``layout`` (skyrl-glm's vLLM plugin patch installed, as in every engine); no base
-    layer or kernel: the slots are what is under test."""
+def fused_moe_layer(shared: bool, layout: str, experts: int = EXPERTS, ep: tuple[int, int] = (1, 0)):
+    """A ``FusedMoEWithLoRA`` of the tiny config's MoE shape (``experts`` routed experts, spread over ``ep`` =
+    (EP size, this rank)) with its slots made by vLLM's ``create_lora_weights`` inside an engine config of
+    ``layout`` (skyrl-glm's vLLM plugin patch installed, as in every engine); no base layer or kernel: the slots
+    are what is under test."""
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.config.lora import LoRAConfig
     from vllm.lora.layers.fused_moe import FusedMoEWithLoRA
@@ -123,12 +126,14 @@ def fused_moe_layer(shared: bool, layout: str):
     torch.nn.Module.__init__(layer)
     layer.moe_config = types.SimpleNamespace(
         hidden_dim=CONFIG.hidden_size,
-        num_local_experts=EXPERTS,
-        num_experts=EXPERTS,
+        num_local_experts=experts // ep[0],
+        num_experts=experts,
         intermediate_size_per_partition=CONFIG.moe_intermediate_size,
-        moe_parallel_config=types.SimpleNamespace(use_ep=False, ep_rank=0),
+        experts_per_token=CONFIG.num_experts_per_tok,
+        moe_parallel_config=types.SimpleNamespace(use_ep=ep[0] > 1, ep_rank=ep[1]),
     )
     layer.tp_size, layer.tp_rank, layer.device, layer._w13_slices = 1, 0, torch.device("cpu"), 2
+    layer._enable_aux_cuda_stream, layer._lora_stream, layer._events = False, None, None
     lora = LoRAConfig(max_lora_rank=8, max_loras=2, enable_moe_shared_loras=shared, lora_dtype=torch.float32)  # >= RANK
     extra = layouts.engine_arguments(layout).get("additional_config", {})
     with set_current_vllm_config(VllmConfig(lora_config=lora, additional_config=extra)):
@@ -260,7 +265,7 @@ def test_a_stacked_layout_refuses_an_expert_missing() -> None:
 
 def test_the_engine_arguments_decide_the_layout() -> None:
     assert layouts.layout_of({}) == layouts.PER_EXPERT
-    for layout in layouts.LAYOUTS:
+    for layout in (*layouts.NAMED, GROUPED):
         assert layouts.layout_of(layouts.engine_arguments(layout)) == layout
         assert layouts.layout_of(types.SimpleNamespace(**layouts.engine_arguments(layout))) == layout
     assert layouts.request_fields(layouts.STACKED_3D) == {"is_3d_lora_weight": True}
@@ -291,3 +296,183 @@ def test_shared_all_is_shared_outer_with_an_additional_config_entry_merged_into_
         layouts.engine_arguments(layouts.SHARED_ALL, {"additional_config": 5})
     layer = fused_moe_layer(shared=True, layout=layouts.SHARED_OUTER)  # the plugin's patch is off there
     assert layer.w13_lora_b_stacked[0].stride(1) != 0
+
+
+GROUPED = f"{layouts.GROUPED}:2"  # two groups of two consecutive experts in the tiny config
+
+
+def grouped_adapter(groups: int) -> dict[str, torch.Tensor]:
+    """A per-expert export whose experts agree inside each of ``groups`` groups of consecutive experts (what
+    ``share_expert_adapters`` trains under expert parallelism): every expert shows its group's first expert's
+    tensors, the groups differ."""
+    tensors = adapter(shared=False)
+    size = EXPERTS // groups
+    for name in list(tensors):
+        m = re.search(r"\.experts\.(\d+)\.", name)
+        if m and int(m[1]) % size:
+            tensors[name] = tensors[name.replace(f".experts.{m[1]}.", f".experts.{int(m[1]) - int(m[1]) % size}.")]
+    return tensors
+
+
+def packed_stacks(tensors: dict[str, torch.Tensor], layer: int) -> tuple[list, list]:
+    """What vLLM's loader hands ``set_lora`` for ``experts.w{1,2,3}`` stacks (shared-outer's path)."""
+    from vllm.lora.lora_weights import PackedLoRALayerWeights
+
+    stacks = [vllm_loras(tensors).loras[f"{experts_module(layer)}.w{i}"] for i in (1, 2, 3)]
+    packed = PackedLoRALayerWeights.pack_moe_stacked(stacks, experts_module(layer))
+    return packed.lora_a, packed.lora_b
+
+
+class ReferenceMoeLora:
+    """What vLLM's fused-MoE LoRA kernels compute, in torch (its CPU build has none), for LoRA slot ``slot``: each
+    (token, k) pair bucketed by ``expert_map[topk_id]`` (the id itself without a map) and multiplied through that
+    id's factors; an id outside the slots' expert-dim is an error (a kernel would read memory that is not its
+    expert's). ``add_lora_w2`` takes gate/up's ids, as vLLM's down projection does."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+
+    def add_lora_w13(self, y, x, lora_a, lora_b, topk_ids, topk_weights, expert_map, *rest, **kwargs):
+        ids = (topk_ids if expert_map is None else expert_map[topk_ids.long()]).long()
+        assert 0 <= int(ids.min()) and int(ids.max()) < lora_a[0].shape[1], (ids, lora_a[0].shape)
+        out = y.view(x.shape[0], topk_ids.shape[1], -1)
+        for s, (a, b) in enumerate(zip(lora_a, lora_b, strict=True)):
+            delta = torch.einsum("tkir,tkrh,th->tki", b[self.slot][ids], a[self.slot][ids], x)
+            out[..., s * delta.shape[-1] : (s + 1) * delta.shape[-1]] += delta
+        return None, ids, None, None
+
+    def add_lora_w2(self, y, x, lora_a, lora_b, topk_weights, sorted_ids, ids, *rest, **kwargs):
+        a, b = lora_a[0][self.slot][ids], lora_b[0][self.slot][ids]
+        y += topk_weights[..., None] * torch.einsum("tkhr,tkri,tki->tkh", b, a, x)
+
+
+def moe_lora_delta(layer, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate/up and down LoRA deltas of LoRA slot 1 for random tokens through vLLM's own ``LoRAExpertsMixin``
+    halves (as patched by the plugin), on the context the layer builds for its kernels."""
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.lora_experts_mixin import LoRAExpertsMixin
+
+    gen = torch.Generator().manual_seed(seed)
+    tokens, k, hidden, inter = 16, CONFIG.num_experts_per_tok, CONFIG.hidden_size, CONFIG.moe_intermediate_size
+    x = torch.randn(tokens, hidden, generator=gen)
+    topk_ids = torch.stack([torch.randperm(layer.global_num_experts, generator=gen)[:k] for _ in range(tokens)])
+    topk_weights = torch.rand(tokens, k, generator=gen)
+    layer.punica_wrapper = ReferenceMoeLora(slot=1)
+    context = layer._build_lora_context()
+    experts = types.SimpleNamespace(moe_config=types.SimpleNamespace(activation=MoEActivation.SILU))
+    gate_up = torch.zeros(tokens * k, 2 * inter)
+    _, ids, _, _ = LoRAExpertsMixin.apply_w13_lora(
+        experts, context, y=gate_up, x=x, topk_ids=topk_ids, topk_weights=topk_weights, expert_map=None,
+        w1=None, w2=None, num_tokens=tokens, top_k_num=k,
+    )  # fmt: skip
+    down = torch.zeros(tokens, k, hidden)
+    LoRAExpertsMixin.apply_w2_lora(
+        experts, context, y=down, x=torch.randn(tokens, k, inter, generator=gen), topk_weights=topk_weights,
+        sorted_token_ids_lora=None, expert_ids_lora=ids, num_tokens_post_padded_lora=None, token_lora_mapping=None,
+        num_tokens=tokens, w1=None, w2=None, top_k_num=k,
+    )  # fmt: skip
+    return gate_up, down
+
+
+def test_grouped_keeps_each_factor_once_per_group_and_maps_each_expert_to_its_group() -> None:
+    tensors = grouped_adapter(2)
+    per_expert = receive(tensors, layouts.PER_EXPERT).tensors
+    grouped = receive(tensors, GROUPED).tensors
+    layer = MOE_LAYERS[0]
+    for i, ab in itertools.product((1, 2, 3), "AB"):
+        assert grouped[f"base_model.model.{experts_module(layer)}.w{i}.lora_{ab}.weight"].shape[0] == 2
+    want_layer = fused_moe_layer(shared=False, layout=layouts.PER_EXPERT)
+    want = slots_set(want_layer, *slots_per_expert(per_expert, layer))
+    got_layer = fused_moe_layer(shared=True, layout=GROUPED)
+    got_layer.set_lora(1, *packed_stacks(grouped, layer))
+    expert_map = got_layer._skyrl_glm_expert_map
+    assert expert_map.tolist() == [0, 0, 1, 1] and expert_map.dtype == torch.int32
+    slots = [t for name in SLOT_NAMES for t in getattr(got_layer, name)]
+    assert all(t.shape[1] == 2 and t.stride(1) != 0 for t in slots)  # storage per group, no view over the experts
+    assert all(torch.equal(t[1][expert_map.long()], w) for t, w in zip(slots, want, strict=True))
+    assert slot_bytes(got_layer) * EXPERTS == slot_bytes(want_layer) * 2  # each factor once per group
+    shared_all = fused_moe_layer(shared=True, layout=layouts.SHARED_ALL)
+    assert slot_bytes(shared_all) * 2 == slot_bytes(got_layer)  # shared-all: the same storage at G=1
+    got_layer.reset_lora(1)
+    assert not any(t[1].any() for t in slots)
+
+
+def test_grouped_kernels_compute_what_the_per_expert_slots_compute_and_a_wrong_map_does_not() -> None:
+    tensors = grouped_adapter(2)
+    layer = MOE_LAYERS[0]
+    want_layer = fused_moe_layer(shared=False, layout=layouts.PER_EXPERT)
+    want_layer.set_lora(1, *slots_per_expert(receive(tensors, layouts.PER_EXPERT).tensors, layer))
+    got_layer = fused_moe_layer(shared=True, layout=GROUPED)
+    got_layer.set_lora(1, *packed_stacks(receive(tensors, GROUPED).tensors, layer))
+    want, got = moe_lora_delta(want_layer), moe_lora_delta(got_layer)
+    assert want[0].abs().sum() > 0 and want[1].abs().sum() > 0
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    got_layer._skyrl_glm_expert_map = torch.tensor([0, 1, 0, 1], dtype=torch.int32)  # interleaved, not consecutive
+    assert not torch.allclose(moe_lora_delta(got_layer)[0], want[0])
+    got_layer._skyrl_glm_expert_map = torch.arange(4, dtype=torch.int32)  # no map: expert ids past the 2 groups
+    with pytest.raises(AssertionError):
+        moe_lora_delta(got_layer)
+
+
+@pytest.mark.parametrize(
+    ("experts", "ep", "layout", "expert_map", "served"),
+    [
+        # EP 4 ranks of 2 experts, 2 groups of 4: rank 1 lies inside group 0 (one group: a stride-0 view, no map)
+        (8, (4, 1), "grouped:2", None, [0]),
+        # EP 2 ranks of 4 experts, 4 groups of 2: rank 1 holds groups 2 and 3
+        (8, (2, 1), "grouped:4", [-1, -1, -1, -1, 0, 0, 1, 1], [2, 3]),
+        # EP 2 ranks of 6 experts, 3 groups of 4: rank 1 holds experts 6..11, the end of group 1 and group 2
+        (12, (2, 1), "grouped:3", [-1] * 6 + [0, 0, 1, 1, 1, 1], [1, 2]),
+        # shared-all under EP: one group everywhere
+        (8, (2, 1), layouts.SHARED_ALL, None, [0]),
+    ],
+)
+def test_grouped_slots_under_expert_parallelism(experts, ep, layout, expert_map, served) -> None:
+    layer = fused_moe_layer(shared=True, layout=layout, experts=experts, ep=ep)
+    groups = layouts.expert_groups(layout)
+    assert getattr(layer, "_skyrl_glm_expert_map", None) is None or layer._skyrl_glm_expert_map.tolist() == expert_map
+    if expert_map is None:  # one local group: every expert's slot a stride-0 view of the group's storage
+        assert layer.w13_lora_b_stacked[0].shape[1] == experts // ep[0] and layer.w13_lora_b_stacked[0].stride(1) == 0
+    a_shapes = [
+        t.shape[2:] for t in (*layer.w13_lora_a_stacked[:1], *layer.w2_lora_a_stacked, layer.w13_lora_a_stacked[1])
+    ]
+    b_shapes = [
+        t.shape[2:] for t in (*layer.w13_lora_b_stacked[:1], *layer.w2_lora_b_stacked, layer.w13_lora_b_stacked[1])
+    ]
+    stack = lambda shape: torch.arange(groups, dtype=torch.float32).add(1).view(-1, 1, 1).expand(groups, *shape)  # noqa: E731
+    layer.set_lora(1, [stack(s) for s in a_shapes], [stack(s) for s in b_shapes])  # group g's factors hold g + 1
+    for name in SLOT_NAMES:
+        for t in getattr(layer, name):
+            held = t[1].amax(dim=(1, 2)).tolist()
+            assert sorted(set(held)) == [g + 1 for g in served], (name, held)
+
+
+def test_grouped_refuses_an_adapter_whose_experts_differ_inside_a_group_and_the_previous_version_stays() -> None:
+    rx = AdapterReceiver(layout=GROUPED)
+    first = receive(grouped_adapter(2), GROUPED, rx, version=1)
+    rx.commit(first.version)
+    tensors = grouped_adapter(2)
+    name = f"base_model.model.{experts_module(MOE_LAYERS[0])}.3.up_proj.lora_B.weight"
+    tensors[name] = tensors[name] + 1e-3
+    with pytest.raises(UpdateRejected, match=r"grouped:2: .*experts expert 3 has another up_proj.lora_B than expert 2"):
+        receive(tensors, GROUPED, rx, version=2)
+    assert rx.version == 1
+    with pytest.raises(UpdateRejected, match=r"grouped:3: .*experts has 4 experts, not 3 equal groups"):
+        receive(grouped_adapter(2), "grouped:3")
+    assert receive(grouped_adapter(4), "grouped:4").tensors  # one expert per group: any per-expert adapter
+
+
+def test_grouped_is_asked_for_like_shared_all_and_read_back_with_its_groups() -> None:
+    args = layouts.engine_arguments("grouped:64")
+    assert args["enable_moe_shared_loras"] and args["additional_config"] == {
+        layouts.ADDITIONAL_CONFIG_KEY: "grouped:64"
+    }
+    assert layouts.layout_of(args) == "grouped:64" and layouts.expert_groups("grouped:64") == 64
+    assert layouts.expert_groups(layouts.SHARED_ALL) == 1 and layouts.expert_groups(layouts.SHARED_OUTER) is None
+    for bad in ("grouped", "grouped:0", "grouped:x", "grouped:-1", "grouped:4.0", "grouped:99999999", "grouped:٣"):
+        with pytest.raises(layouts.LayoutError, match="unknown expert layout"):
+            layouts.engine_arguments(bad)
+    asked = types.SimpleNamespace(lora_config=types.SimpleNamespace(enable_moe_shared_loras=True))
+    asked.additional_config = {layouts.ADDITIONAL_CONFIG_KEY: "grouped:nope"}  # not a layout: vLLM's shared-outer
+    assert layouts.layout_of(asked) == layouts.SHARED_OUTER

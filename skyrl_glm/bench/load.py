@@ -36,6 +36,8 @@ from skyrl_glm.plugins import registry
 from skyrl_glm.provenance import provenance
 from skyrl_glm.usage import PROG, UsageError, positive_int, print_error, writable_file
 
+NO_ADAPTER = "none"  # --layouts: an engine without LoRA, the decode baseline
+
 STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("write_s", "load_s", "total_s")}
 
 
@@ -248,15 +250,33 @@ def _layer_counts(text: str) -> list[int]:
 
 
 def _layouts(text: str | None) -> list[str] | None:
-    from skyrl_glm.sync.expert_layout import LAYOUTS
+    from skyrl_glm.sync.expert_layout import LAYOUTS, LayoutError, check_layout
 
     if text is None:
         return None
     chosen = [x for x in text.split(",") if x]
-    unknown = [x for x in chosen if x not in LAYOUTS]
-    if unknown or not chosen:
-        raise UsageError(f"--layouts {text!r}: choose from {','.join(LAYOUTS)}")
-    return chosen
+    try:
+        if not chosen or len(set(chosen)) < len(chosen):
+            raise LayoutError("none, or one twice")
+        return [x if x == NO_ADAPTER else check_layout(x) for x in chosen]
+    except LayoutError:
+        raise UsageError(
+            f"--layouts {text!r}: each once, from {','.join(LAYOUTS)} (G: groups per layer; {NO_ADAPTER}: an engine "
+            "without LoRA, for --decode)"
+        ) from None
+
+
+def _batches(text: str | None) -> list[int] | None:
+    """``--decode`` batch sizes: comma-separated positive integers, at most 1024 each."""
+    if text is None:
+        return None
+    try:
+        batches = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--decode {text!r}: give comma-separated batch sizes, e.g. 1,32,256") from None
+    if not batches or not all(0 < b <= 1024 for b in batches):
+        raise UsageError(f"--decode {text!r}: every batch size in 1..1024")
+    return batches
 
 
 def _cmd_bench_load(args: argparse.Namespace) -> int:
@@ -265,6 +285,13 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
         positive_int("--rank", args.rank)
         layers = _layer_counts(args.layers)
         layouts = _layouts(args.layouts)
+        decode = _batches(args.decode)
+        if not 1 <= args.max_loras <= 16:
+            raise UsageError(f"--max-loras must be in 1..16, got {args.max_loras}")
+        if (decode or args.max_loras != 2) and layouts is None:
+            raise UsageError("--decode and --max-loras are measured per layout: add --layouts")
+        if layouts is not None and NO_ADAPTER in layouts and not decode:
+            raise UsageError("--layouts none (an engine without LoRA) is the --decode baseline: add --decode")
         check_device(args.device)
         if args.config == "full" and (args.device == "cpu" or args.model not in (None, "glm-5.3")):
             raise UsageError("--config full is a full-width GLM-5.3 on vLLM's GPU build: use --device cuda")
@@ -284,7 +311,9 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
     if layouts is not None:
         from skyrl_glm.bench.load_layouts import plot_layout_report, print_layout_report, run_layout_bench
 
-        report = run_layout_bench(layers, layouts, args.rounds, args.warmup, args.rank, args.sync_json)
+        report = run_layout_bench(
+            layers, layouts, args.rounds, args.warmup, args.rank, args.sync_json, args.max_loras, decode
+        )
         print_layout_report(report)
         if args.plot:
             plot_layout_report(report, args.plot)
@@ -318,7 +347,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--layouts",
         default=None,
-        help="full width: compare routed-expert layouts, one engine each (e.g. per-expert,shared-outer,shared-all)",
+        help="full width: compare routed-expert layouts, one engine each (e.g. per-expert,shared-all,grouped:4,"
+        "grouped:64; none: an engine without LoRA, the --decode baseline)",
+    )
+    p.add_argument("--max-loras", type=int, default=2, help="with --layouts: resident adapter versions per engine")
+    p.add_argument(
+        "--decode",
+        default=None,
+        help="with --layouts: decode tokens/s at these batch sizes (e.g. 1,32,256), adapter on and off, CUDA graphs",
     )
     p.add_argument("--sync-json", default=None, help="a bench sync --json report: adds the end-to-end handoff rows")
     p.add_argument("--plot", default=None, help="with --layouts: write the fit and slot-memory PNG here")

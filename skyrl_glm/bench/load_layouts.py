@@ -20,6 +20,15 @@ sender side plus the layout's engine-side receive, load and activation, against 
 sync, then its per-expert names through the same loader). The
 request itself is left out: on a few-layer engine it is tens of ms of fixed work whose spread exceeds its slope
 (measured on one H200), so its fit says nothing of a 75-layer forward, which every request pays anyway.
+
+A ``grouped:G`` layout serves an adapter shared by G groups of consecutive experts per layer (Megatron-Bridge's
+``share_expert_adapters`` under EP G); the other layouts the one-per-layer adapter. ``max_loras``: resident
+versions per engine (3 for asynchronous RL: the version in flight, the next, the one staging).
+
+``decode`` (batch sizes): after its updates, each engine's greedy decode throughput (tokens/s, ``DECODE_TOKENS``
+new tokens per sequence, CUDA graphs on) at each batch size with the adapter active and without a LoRA request, and
+its KV-cache capacity (what the slots left of the GPU's memory); the pseudo-layout ``none`` is an engine without
+LoRA, the baseline.
 """
 
 from __future__ import annotations
@@ -33,11 +42,13 @@ from typing import Any
 
 import torch
 
+from skyrl_glm.bench.load import NO_ADAPTER
 from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
 
 FULL_MOE_LAYERS = 75  # GLM-5.3: 78 layers, the first 3 dense
 FULL_LAYERS = 78
 STAGES = ("receive_s", "load_s", "request_s", "repeat_s", "activation_s", "to_first_request_s")
+DECODE_TOKENS = 64  # new tokens per sequence in the decode measurement
 
 
 class SlotReport(LoraSyncWorkerExtension):
@@ -84,7 +95,10 @@ def slots_at_full_size(slots: dict[str, int], moe_layers: int, layers: int) -> i
     )
 
 
-def _engine(model_dir: Path, family: Any, targets: list[str], layout: str, rank: int) -> Any:
+def _engine(
+    model_dir: Path, family: Any, targets: list[str], layout: str, rank: int, max_loras: int, graphs: bool
+) -> Any:
+    """A layout's engine (``graphs``: CUDA graphs on, for the decode measurement); ``none``: LoRA off."""
     from skyrl_glm.check.scorers import _engine_lora_rank
     from skyrl_glm.sync.expert_layout import engine_arguments
     from skyrl_glm.sync.vllm.engine import VllmEngineSampler
@@ -94,11 +108,43 @@ def _engine(model_dir: Path, family: Any, targets: list[str], layout: str, rank:
         "load_format": "dummy",
         "skip_tokenizer_init": True,
         "dtype": "bfloat16",
-        "lora_target_modules": family.lora.vllm_modules(targets),
         "worker_extension_cls": f"{__name__}.SlotReport",
-        **engine_arguments(layout),
+        "max_loras": max_loras,
+        "max_cpu_loras": max(3, max_loras),
+        "enforce_eager": not graphs,
     }
+    if layout == NO_ADAPTER:
+        engine["enable_lora"] = False
+    else:
+        engine.update(lora_target_modules=family.lora.vllm_modules(targets), **engine_arguments(layout))
     return VllmEngineSampler(engine, max_lora_rank=_engine_lora_rank(rank))
+
+
+def decode_throughput(sampler: Any, batches: list[int], lora: Any) -> dict[str, float]:
+    """Greedy decode tokens/s per batch size (a warm-up round first, then one timed round): ``batch`` sequences of
+    a 4-token prompt, :data:`DECODE_TOKENS` new tokens each, EOS ignored, with ``lora`` (None: the base model)."""
+    import torch
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, ignore_eos=True, detokenize=False)
+    out = {}
+    for batch in batches:
+        prompts = [{"prompt_token_ids": [1 + i % 97, 2, 3, 4]} for i in range(batch)]
+        for timed in (False, True):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            sampler.llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+            torch.cuda.synchronize()
+            if timed:
+                out[str(batch)] = batch * DECODE_TOKENS / (time.perf_counter() - t0)
+    return out
+
+
+def kv_cache_tokens(sampler: Any) -> int | None:
+    """Tokens the engine's KV cache holds (its blocks times the block size), as the engine reported them."""
+    cache = sampler.llm.llm_engine.vllm_config.cache_config
+    blocks = cache.num_gpu_blocks
+    return None if blocks is None else int(blocks) * int(cache.block_size)
 
 
 def _updates(
@@ -139,62 +185,97 @@ def _updates(
     return rows, version
 
 
+def _adapters(layers: list[int], rank: int, groups: int) -> dict[int, Any]:
+    """Per layer count: the public tensors (on the GPU) and targets of an adapter shared by ``groups`` groups of
+    consecutive experts per layer."""
+    from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
+
+    adapters = {}
+    for k in sorted(layers):
+        syn = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=k, rank=rank, expert_groups=groups))
+        unique = {key: v.to("cuda") for key, v in syn.unique.items()}
+        adapters[k] = ({name: unique[key] for name, key in syn.names.items()}, syn.targets)
+    return adapters
+
+
 def run_layout_bench(
-    layers: list[int], layouts: list[str], rounds: int, warmup: int, rank: int, sync_json: str | None = None
+    layers: list[int],
+    layouts: list[str],
+    rounds: int,
+    warmup: int,
+    rank: int,
+    sync_json: str | None = None,
+    max_loras: int = 2,
+    decode: list[int] | None = None,
 ) -> dict[str, Any]:
     """Every layout on its own engine, every layer count on each; see the module docstring."""
     from skyrl_glm.bench.load import full_width_model
-    from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
     from skyrl_glm.plugins import registry
     from skyrl_glm.provenance import provenance
+    from skyrl_glm.sync.expert_layout import expert_groups
 
     family = registry().model("glm-5.3")
-    adapters = {}
-    for k in sorted(layers):
-        syn = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=k, rank=rank))
-        unique = {key: v.to("cuda") for key, v in syn.unique.items()}
-        adapters[k] = ({name: unique[key] for name, key in syn.names.items()}, syn.targets)
+    by_groups: dict[int, dict[int, Any]] = {}
     engine_layers = max(layers)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-layouts-") as tmp:
         model_dir = full_width_model(Path(tmp) / "model", engine_layers)
         version = 0
         for layout in layouts:
+            groups = 1 if layout == NO_ADAPTER else expert_groups(layout) or 1
+            adapters = by_groups.setdefault(groups, _adapters(layers, rank, groups))
             t0 = time.perf_counter()
             try:
-                sampler = _engine(model_dir, family, adapters[engine_layers][1], layout, rank)
+                sampler = _engine(
+                    model_dir, family, adapters[engine_layers][1], layout, rank, max_loras, graphs=bool(decode)
+                )
             except Exception as e:  # noqa: BLE001 - an engine that does not start (memory) is a result here
                 results[layout] = {"started": False, "reason": f"{type(e).__name__}: {e}"[:300]}
                 continue
             try:
                 engine_s = time.perf_counter() - t0
+                results[layout] = {"started": True, "engine_start_s": engine_s, "expert_groups": groups}
+                if decode:
+                    results[layout]["kv_cache_tokens"] = kv_cache_tokens(sampler)
+                if layout == NO_ADAPTER:
+                    if decode:
+                        results[layout]["decode_tokens_per_s"] = {"base": decode_throughput(sampler, decode, None)}
+                    continue
                 slots = sampler.llm.collective_rpc("skyrl_glm_bench_lora_slots")[0]
                 rows, version = _updates(sampler, adapters, rank, rounds, warmup, version)
+                if decode:
+                    results[layout]["decode_tokens_per_s"] = {
+                        "adapter": decode_throughput(sampler, decode, sampler.adapter),
+                        "base": decode_throughput(sampler, decode, None),
+                    }
             finally:
                 sampler.close()
             medians = {k: {st: statistics.median(r[st] for r in rs) for st in STAGES} for k, rs in rows.items()}
             xs = sorted(medians)
-            results[layout] = {
-                "started": True,
-                "engine_start_s": engine_s,
-                "slots": slots,
-                "slot_bytes_per_adapter": (slots["routed_experts"] + slots["other"]) / slots["max_loras"],
-                "slot_bytes_per_adapter_at_75": slots_at_full_size(slots, engine_layers, engine_layers + 3),
-                "medians_s": {str(k): v for k, v in medians.items()},
-                "fit_75": {st: fit_line(xs, [medians[k][st] for k in xs], FULL_MOE_LAYERS) for st in STAGES},
-                "runs": {str(k): v for k, v in rows.items()},
-            }
+            results[layout].update(
+                {
+                    "slots": slots,
+                    "slot_bytes_per_adapter": (slots["routed_experts"] + slots["other"]) / slots["max_loras"],
+                    "slot_bytes_per_adapter_at_75": slots_at_full_size(slots, engine_layers, engine_layers + 3),
+                    "medians_s": {str(k): v for k, v in medians.items()},
+                    "fit_75": {st: fit_line(xs, [medians[k][st] for k in xs], FULL_MOE_LAYERS) for st in STAGES},
+                    "runs": {str(k): v for k, v in rows.items()},
+                }
+            )
+    decode_flag = f" --decode {','.join(map(str, decode))}" if decode else ""
     report = {
         "command": f"skyrl-glm bench load --device cuda --config full --layers {','.join(map(str, layers))} "
-        f"--layouts {','.join(layouts)} --rank {rank}",
+        f"--layouts {','.join(layouts)} --rank {rank} --max-loras {max_loras}{decode_flag}",
         "model": "glm-5.3",
         "engine_moe_layers": engine_layers,
         "layers": sorted(layers),
         "rank": rank,
         "rounds": rounds,
         "warmup": warmup,
-        "max_loras": 2,
-        "targets": adapters[engine_layers][1],
+        "max_loras": max_loras,
+        "decode_batches": decode or [],
+        "decode_new_tokens": DECODE_TOKENS if decode else None,
+        "targets": next(iter(by_groups.values()))[engine_layers][1],  # the same targets at every grouping
         "layouts": results,
         **provenance(),
     }
@@ -264,6 +345,8 @@ def print_layout_report(report: dict[str, Any]) -> None:
         if not r["started"]:
             table.add_row(layout, "-", f"engine did not start: {r['reason'][:60]}", "", "", "")
             continue
+        if "medians_s" not in r:  # the no-adapter baseline
+            continue
         for k, med in r["medians_s"].items():
             table.add_row(layout, k, *(f"{med[s] * 1e3:.1f} ms" for s in STAGES))
         fit = r["fit_75"]
@@ -275,7 +358,7 @@ def print_layout_report(report: dict[str, Any]) -> None:
     for col in ("layout", "routed experts, engine", "other, engine", "per adapter, engine", "per adapter at 75"):
         mem.add_column(col, justify="right")
     for layout, r in report["layouts"].items():
-        if r["started"]:
+        if "slots" in r:
             s, n = r["slots"], r["slots"]["max_loras"]
             gib = 1 << 30
             mem.add_row(
@@ -294,6 +377,29 @@ def print_layout_report(report: dict[str, Any]) -> None:
         for path, row in report["end_to_end_75"]["rows"].items():
             e2e.add_row(path, *("in sync" if row[k] is None else f"{row[k] * 1e3:.0f} ms" for k in keys))
         console.print(e2e)
+    if report.get("decode_batches"):
+        print_decode_table(report, console)
+
+
+def print_decode_table(report: dict[str, Any], console: Any) -> None:
+    """Decode tokens/s per layout and batch (with the adapter, and the base model on the same engine), each against
+    the no-adapter engine's; the KV-cache capacity each engine was left."""
+    from rich.table import Table
+
+    batches = [str(b) for b in report["decode_batches"]]
+    layouts = report["layouts"]
+    baseline = layouts.get(NO_ADAPTER, {}).get("decode_tokens_per_s", {}).get("base", {})
+    table = Table(title=f"decode tokens/s ({report['decode_new_tokens']} new tokens per sequence, greedy, CUDA graphs)")
+    for col in ("layout", "requests", *(f"batch {b}" for b in batches), "KV cache tokens"):
+        table.add_column(col, justify="right")
+    for layout, r in layouts.items():
+        for requests, row in r.get("decode_tokens_per_s", {}).items():
+            cells = []
+            for b in batches:
+                share = f" ({row[b] / baseline[b]:.0%})" if baseline.get(b) and layout != NO_ADAPTER else ""
+                cells.append(f"{row[b]:,.0f}{share}")
+            table.add_row(layout, requests, *cells, f"{r.get('kv_cache_tokens') or '-'}")
+    console.print(table)
 
 
 def plot_layout_report(report: dict[str, Any], path: str) -> None:
@@ -305,7 +411,7 @@ def plot_layout_report(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-    started = {k: r for k, r in report["layouts"].items() if r["started"]}
+    started = {k: r for k, r in report["layouts"].items() if "medians_s" in r}
     for layout, r in started.items():
         xs = [int(k) for k in r["medians_s"]]
         ys = [r["medians_s"][k]["receive_s"] + r["medians_s"][k]["load_s"] for k in r["medians_s"]]

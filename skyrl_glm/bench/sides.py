@@ -165,7 +165,11 @@ class Sender:
             t0 = time.perf_counter()
             export = self.export()
             adapter = unique_adapter(
-                export, config_rank=self.opts.rank, num_moe_experts=self.syn.n_experts, shared_storage=shared
+                export,
+                config_rank=self.opts.rank,
+                num_moe_experts=self.syn.n_experts,
+                shared_storage=shared,
+                memo=self.memo,
             )
             synchronize(self.device)
             split = _export_split(export, time.perf_counter() - t0)
@@ -177,6 +181,7 @@ class Sender:
             bucket_bytes=self.opts.bucket_mb << 20,
             staging=self.transport.staging,
             shared_storage=shared,
+            memo=self.memo,
         )
         timings = dict(plan.timings)
         if split:

@@ -22,6 +22,7 @@ class BenchOptions:
     alpha: float | None = None  # default 2 * rank, so the fold is not a no-op
     dtype: str = "bf16"
     share_experts: bool = True
+    expert_groups: int = 1  # with share_experts: one adapter per group of E/G consecutive experts
     copies: bool = False
     exporter: str = "resident"  # resident | bridge-stream | bridge
     transport: str = "cpu"
@@ -113,7 +114,12 @@ def synthetic_adapter(opts: BenchOptions) -> Synthetic:
     family, cfg = model_config(opts.model, opts.config, opts.layers)
     targets = family.lora.resolve(sampler="vllm")
     specs = bridge_export_specs(
-        cfg, family.lora, rank=opts.rank, targets=targets, share_expert_adapters=opts.share_experts
+        cfg,
+        family.lora,
+        rank=opts.rank,
+        targets=targets,
+        share_expert_adapters=opts.share_experts,
+        expert_groups=opts.expert_groups,
     )
     unique = synthetic_values(specs, dtype=DTYPES[opts.dtype], seed=opts.seed)
     names = {PEFT_PREFIX + s.name: s.storage for s in specs}

@@ -64,8 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--expert-layout",
         default=PER_EXPERT,
-        choices=LAYOUTS,
-        help="how the engine takes routed-expert LoRA (shared-outer, shared-all: one adapter per layer)",
+        help=f"how the engine takes routed-expert LoRA: {', '.join(LAYOUTS)} (shared-outer, shared-all: one adapter "
+        "per layer; grouped:G: one per group of E/G consecutive experts)",
     )
     p.add_argument("--no-decode", action="store_true", help="score the prefill path only")
     p.add_argument("--seed", type=int, default=0)

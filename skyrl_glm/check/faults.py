@@ -115,6 +115,34 @@ def drop_experts(inner: Any, *, spare_first: bool = True) -> DropGroup:
     return DropGroup(inner, ".mlp.experts.", "experts", spare_first=spare_first)
 
 
+class DropExpertGroup(_BreaksUpdates):
+    """Publishes every tensor, but in each MoE layer the routed experts that hold expert 0's adapter (its group:
+    all of them in a shared layout, E/G consecutive ones in grouped:G, expert 0 alone per expert) with lora_B zero,
+    the value the sampler served before: an update that lost one group of experts on the way, which every layout's
+    receiver takes (the group stays equal inside)."""
+
+    _EXPERT = re.compile(r"(?P<module>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<rest>\w+_proj\.lora_[AB]\.weight)")
+
+    def altered(self, adapter: Any, adapter_config: Mapping[str, Any], version: int) -> dict[str, Any]:
+        import torch
+
+        tensors = dict(adapter)
+        experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+        for name, t in tensors.items():
+            if m := self._EXPERT.fullmatch(name):
+                experts.setdefault(m["module"], {}).setdefault(int(m["e"]), {})[m["rest"]] = t
+        if not experts:
+            raise FaultNotApplicable("drop-expert-group needs an adapter with routed-expert LoRA; this one has none")
+        for module, per_expert in experts.items():
+            first = per_expert[0]
+            for e, factors in per_expert.items():
+                if factors.keys() == first.keys() and all(torch.equal(t, first[k]) for k, t in factors.items()):
+                    for rest, t in factors.items():
+                        if ".lora_B." in rest:
+                            tensors[f"{module}.{e}.{rest}"] = torch.zeros_like(t)
+        return tensors
+
+
 def drop_shared_experts(inner: Any, *, spare_first: bool = True) -> DropGroup:
     """The shared expert dropped: the CPU sampler's analogue of drop-experts (vLLM's CPU build serves no routed
     expert LoRA, but it serves the shared expert's)."""
@@ -191,6 +219,7 @@ FAULT_TABLE: dict[str, Fault] = {
     "prefill-only": Fault(5, sampler=PrefillOnlySampler),
     "drop-experts": Fault(5, publisher=drop_experts, needs="routed_expert", in_skyrl=True),
     "drop-shared-experts": Fault(5, publisher=drop_shared_experts, needs="shared_expert", in_skyrl=True),
+    "drop-expert-group": Fault(5, publisher=DropExpertGroup, needs="routed_expert"),
 }
 NO_FAULT = "none"
 FAULTS = (NO_FAULT, *FAULT_TABLE)

@@ -168,7 +168,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--seeds", default="0", help="comma-separated seeds or a range a-b: every check once per seed")
     p.add_argument("--lora-targets", default=None, help="LoRA targets, comma-separated (as for check)")
-    p.add_argument("--expert-layout", default=PER_EXPERT, choices=LAYOUTS, help="the engine's routed-expert layout")
+    p.add_argument(
+        "--expert-layout", default=PER_EXPERT, help=f"the engine's routed-expert layout: {', '.join(LAYOUTS)}"
+    )
     p.add_argument("--json", default=None)
     p.set_defaults(func=main)
 

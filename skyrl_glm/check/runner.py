@@ -25,7 +25,13 @@ from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
 from skyrl_glm.plugins import registry
-from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, SHARED_ALL, SHARED_OUTER
+from skyrl_glm.sync.expert_layout import (
+    PER_EXPERT,
+    SHARED_OUTER,
+    LayoutError,
+    check_layout,
+    expert_groups,
+)
 from skyrl_glm.usage import UsageError, name_list, positive_int, temp_space_problem
 
 DEFAULT_MODEL = "glm-4.5"
@@ -161,6 +167,12 @@ def prepare(options: CheckOptions) -> CheckPlan:
     )
     kinds = [family.lora.target(t).kind for t in targets]
     check_expert_layout(options.expert_layout, options.device, kinds)
+    groups = expert_groups(options.expert_layout)
+    experts = (family.tiny_config().to_dict() if config is None else config).get("n_routed_experts") or 0
+    if groups and experts % groups:
+        raise UsageError(
+            f"--expert-layout {options.expert_layout}: the model's {experts} experts make no {groups} groups"
+        )
     needs = FAULT_TABLE[options.fault].needs if options.fault in FAULT_TABLE else None
     if needs is not None and needs not in kinds:
         raise UsageError(f"--fault {options.fault} needs a {needs} LoRA target; these targets hold none")
@@ -170,8 +182,10 @@ def prepare(options: CheckOptions) -> CheckPlan:
 
 def check_expert_layout(layout: str, device: str, kinds: list[str]) -> None:
     """A layout the engine can take for these targets, or one line saying why not."""
-    if layout not in LAYOUTS:
-        raise UsageError(f"unknown expert layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    try:
+        check_layout(layout)
+    except LayoutError as e:
+        raise UsageError(str(e)) from None
     if layout == PER_EXPERT:
         return
     if device == "cpu":
@@ -205,7 +219,7 @@ def build_sides(
             alpha=options.alpha,
             device=options.device,
             seed=options.config.seed,
-            shared_experts=options.expert_layout in (SHARED_OUTER, SHARED_ALL),
+            expert_groups=1 if options.expert_layout == SHARED_OUTER else expert_groups(options.expert_layout),
         )
         return _warm(side, probes, generate=False)
 

@@ -26,7 +26,7 @@ def hf_trainer(
     alpha: int,
     device: str,
     seed: int = 0,
-    shared_experts: bool = False,
+    expert_groups: int | None = None,
 ) -> Any:
     from skyrl_glm.check.trainer_hf import HfPeftTrainer
 
@@ -41,7 +41,7 @@ def hf_trainer(
         device=device,
         groups=target_groups(family, targets),
         seed=seed,
-        shared_experts=shared_experts,
+        expert_groups=expert_groups,
         family=family,
     )
 

@@ -56,9 +56,10 @@ def group_of(module: str, groups: Mapping[str, str]) -> str:
 class HfPeftTrainer:
     """A PEFT LoRA model whose adapter starts at B == 0 (PEFT's default init) and A drawn from ``seed`` (so a check
     gives the same numbers run to run). ``groups`` names each target's group (attention, dense MLP, shared expert,
-    routed experts): the check perturbs and measures them one by one. ``shared_experts``: every routed expert of
-    a layer holds the same adapter (drawn once, perturbed once, as Megatron-Bridge's ``share_expert_adapters``
-    trains it), the adapter vLLM's shared-outer layout serves."""
+    routed experts): the check perturbs and measures them one by one. ``expert_groups`` G: every routed expert of
+    a group of E/G consecutive experts holds the group's adapter (drawn once, perturbed once, as Megatron-Bridge's
+    ``share_expert_adapters`` trains it, one group per EP rank), the adapter the shared and grouped layouts serve;
+    None: one per expert."""
 
     def __init__(
         self,
@@ -72,7 +73,7 @@ class HfPeftTrainer:
         target_parameters: Sequence[str] = (),
         groups: Mapping[str, str] | None = None,
         seed: int = 0,
-        shared_experts: bool = False,
+        expert_groups: int | None = None,
         family: ModelFamily | None = None,
     ) -> None:
         """``family`` (default: none, a causal LM) says how the checkpoint loads and which modules no adapter
@@ -93,9 +94,13 @@ class HfPeftTrainer:
         self.device = device
         require_applied(self.model, targets, target_parameters)
         self._fused_experts = fused_expert_loras(self.model)
+        uneven = [f.key for f in self._fused_experts if expert_groups and f.num_experts % expert_groups]
+        if uneven:
+            raise UsageError(f"{uneven[0]}: its experts make no {expert_groups} equal groups")
+        self._expert_groups = expert_groups or 1
         self._shared = (
             {f"{f.key}.lora_{ab}.default.weight": (f, ab) for f in self._fused_experts for ab in "AB"}
-            if shared_experts
+            if expert_groups is not None
             else {}
         )
         self._groups = {
@@ -127,16 +132,18 @@ class HfPeftTrainer:
         return out
 
     def _draw(self, name: str, shape: torch.Size, seed: int, uniform: bool) -> torch.Tensor:
-        """Seeded noise of ``shape``; for a shared routed-expert tensor one expert's, repeated over the experts
-        (PEFT's fused ``lora_A [r*E, d1]`` is ``[E, r, d1]``, ``lora_B [d2, r*E]`` is ``[d2, r, E]``)."""
+        """Seeded noise of ``shape``; for a grouped routed-expert tensor one expert's per group, repeated over the
+        group's experts (PEFT's fused ``lora_A [r*E, d1]`` is ``[E, r, d1]``, ``lora_B [d2, r*E]`` is
+        ``[d2, r, E]``; E as G groups of consecutive experts)."""
         draw = torch.rand if uniform else torch.randn
         if name not in self._shared:
             return draw(shape, generator=_seeded(name, seed))
         fused, ab = self._shared[name]
-        e, r = fused.num_experts, fused.rank
+        g, r = self._expert_groups, fused.rank
+        size = fused.num_experts // g
         if ab == "A":
-            return draw((1, r, shape[-1]), generator=_seeded(name, seed)).expand(e, -1, -1).reshape(shape)
-        return draw((shape[0], r, 1), generator=_seeded(name, seed)).expand(-1, -1, e).reshape(shape)
+            return draw((g, 1, r, shape[-1]), generator=_seeded(name, seed)).expand(-1, size, -1, -1).reshape(shape)
+        return draw((shape[0], r, g, 1), generator=_seeded(name, seed)).expand(-1, -1, -1, size).reshape(shape)
 
     @torch.no_grad()
     def seed_lora_a(self, seed: int) -> None:

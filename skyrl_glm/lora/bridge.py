@@ -84,12 +84,20 @@ def layer_is_moe(config: Any) -> list[bool]:
 
 
 def bridge_export_specs(
-    config: Any, lora: LoraPolicy, *, rank: int, targets: Sequence[str], share_expert_adapters: bool = True
+    config: Any,
+    lora: LoraPolicy,
+    *,
+    rank: int,
+    targets: Sequence[str],
+    share_expert_adapters: bool = True,
+    expert_groups: int = 1,
 ) -> list[TensorSpec]:
     """The tensors ``export_adapter_weights`` yields for this config and these targets of the family's policy, in
     export order. Names and shapes come from each target's record (:attr:`LoraTarget.modules`, ``shape``); a
     Megatron fused module is adapted as a whole, so one member of a fused group brings the others. A multimodal
-    config (GLM-5.3-Flash's) is read through its text model's, which holds the shapes."""
+    config (GLM-5.3-Flash's) is read through its text model's, which holds the shapes. ``expert_groups``: with
+    ``share_expert_adapters``, how many adapters a layer's experts share, one per group of consecutive experts
+    (Bridge shares one per EP rank: the EP size)."""
     config = text_config(config)
     chosen = lora.with_fused_peers(targets)
     shapes = {t.hf: t.shape(config) if t.shape is not None else None for t in chosen}
@@ -98,6 +106,8 @@ def bridge_export_specs(
         raise ValueError(f"targets {unknown} are not LoRA-able linears of this config")
     specs: list[TensorSpec] = []
     n_exp = getattr(config, "n_routed_experts", 0) or 0
+    if n_exp % expert_groups:
+        raise ValueError(f"{n_exp} routed experts make no {expert_groups} equal groups")
     for layer, is_moe in enumerate(layer_is_moe(config)):
         for t in chosen:
             if t.kind == "dense_mlp" and is_moe or t.kind in ("shared_expert", "routed_expert") and not is_moe:
@@ -107,7 +117,14 @@ def bridge_export_specs(
             experts = range(n_exp) if t.kind == "routed_expert" else [None]
             for i in range(len(t.modules)):  # module by module, experts 0..E-1
                 for e in experts:
-                    scope = f"L{layer}" if e is None or share_expert_adapters else f"L{layer}.e{e}"
+                    if e is None or share_expert_adapters:
+                        scope = (
+                            f"L{layer}"
+                            if e is None or expert_groups == 1
+                            else f"L{layer}.g{e * expert_groups // n_exp}"
+                        )
+                    else:
+                        scope = f"L{layer}.e{e}"
                     name = t.module_names(layer, e)[i]
                     specs.append(TensorSpec(f"{name}.lora_A.weight", (rank, fin), f"{scope}.{a_owner}.A", t.kind))
                     specs.append(TensorSpec(f"{name}.lora_B.weight", (fout, rank), f"{scope}.{t.hf}.{i}.B", t.kind))

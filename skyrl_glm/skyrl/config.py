@@ -33,7 +33,7 @@ from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.hardware import HardwareConfig
 from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
 from skyrl_glm.skyrl.routes import AUTO, ROUTE_FAULTS, local_transport
-from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
+from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, LayoutError, check_layout
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 from skyrl_glm.usage import UsageError
 
@@ -92,11 +92,18 @@ class SyncSection:
     """How vLLM takes the routed experts' LoRA, fixed when its engines start (:mod:`skyrl_glm.sync.expert_layout`):
     ``per-expert`` (every expert name; any adapter), ``shared-outer`` (vLLM's ``enable_moe_shared_loras``: one
     gate/up lora_A and one down lora_B per layer, for Megatron with ``share_expert_adapters``), ``shared-all``
-    (every factor once per layer, the same adapters; at GLM-5.3's shapes 0.4 % of the per-expert slot bytes)."""
+    (every factor once per layer, the same adapters; at GLM-5.3's shapes 0.4 % of the per-expert slot bytes),
+    ``grouped:G`` (every factor once per group of E/G consecutive experts: Megatron's ``share_expert_adapters``
+    under expert parallelism trains one adapter per EP rank, so G = EP or a multiple of it)."""
 
     def __post_init__(self) -> None:
         _choice("skyrl_glm.sync.mode", self.mode, _literal_values(SyncSection, "mode"))
-        _choice("skyrl_glm.sync.expert_layout", self.expert_layout, LAYOUTS)
+        try:
+            check_layout(self.expert_layout)
+        except LayoutError:
+            raise ConfigError(
+                f"skyrl_glm.sync.expert_layout: must be one of {'|'.join(LAYOUTS)}, got {self.expert_layout!r}"
+            ) from None
         _choice("skyrl_glm.sync.fault", self.fault, [*SKYRL_FAULTS, *ROUTE_FAULTS])
         _bounded("skyrl_glm.sync.fault_at_step", self.fault_at_step, 0, None)
         if self.fault_at_step and self.fault == NO_FAULT:

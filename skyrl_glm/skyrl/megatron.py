@@ -27,7 +27,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lor
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
 from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
-from skyrl_glm.sync.dedup import PART, Dedup, Part, StreamReader, deduplicate
+from skyrl_glm.sync.dedup import PART, Dedup, DedupMemo, Part, StreamReader, deduplicate
 from skyrl_glm.sync.nogc import paused_gc
 
 # The exporter's duplicates held at once while the stream is deduplicated (a gather per name hands out copies).
@@ -117,16 +117,18 @@ def unique_adapter(
     num_moe_experts: int | None,
     shared_storage: bool = False,
     slice_bytes: int = EXPORT_SLICE_BYTES,
+    memo: DedupMemo | None = None,
 ) -> Dedup:
     """Rank 0's half of one Megatron sync: the export deduplicated as it streams, then SkyRL's rank-scale fold
     on the unique tensors (a fold of a shared tensor once, however many expert names show it). ``shared_storage``:
     the bridge's LoRA shares one adapter across a layer's experts (``share_expert_adapters``), so the export shows
     one storage under every expert name, as SkyRL's ``experts_per_shared_adapter`` hint assumes (exact either way:
-    a wrong declaration only sends a duplicate)."""
+    a wrong declaration only sends a duplicate). ``memo``: the worker's, kept across syncs (with ``shared_storage``, a
+    sync like the last costs work per unique tensor and a C-speed check per name: ``dedup.DedupMemo``)."""
     bound = None if shared_storage else slice_bytes  # declared sharing sends every storage: no bytes to count
     stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=bound)
     with paused_gc():  # the stream's pairs are short-lived: a collection would only walk what the slices hold
-        dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes)
+        dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes, memo=memo)
     todo = {n: t for n, t in dedup.unique.items() if n not in stream.prefolded}
     folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
     dedup.unique.update(folded)
@@ -172,11 +174,13 @@ class MegatronGlmSync(GlmSyncMixin):
         export = self.bridge.export_adapter_weights(self.actor_module, cpu=False, show_progress=False)
         dedup = None
         if rank == 0:
+            self._glm_memo = getattr(self, "_glm_memo", None) or DedupMemo()
             dedup = unique_adapter(
                 export,
                 config_rank=self.lora_cls.dim,
                 num_moe_experts=getattr(self.provider, "num_moe_experts", None),
                 shared_storage=bool(getattr(self.lora_cls, "share_expert_adapters", False)),
+                memo=self._glm_memo,
             )
         else:
             for _ in export:  # the collective: every rank takes part, only rank 0 keeps anything

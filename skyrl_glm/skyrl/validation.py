@@ -30,9 +30,11 @@ from skyrl_glm.skyrl.value_ranges import range_problem
 from skyrl_glm.sync.expert_layout import (
     ENGINE_FLAGS,
     PER_EXPERT,
+    SHARED_OUTER,
     STACKED_3D,
     LayoutError,
     engine_arguments,
+    expert_groups,
     layout_of,
 )
 
@@ -114,8 +116,15 @@ def _expert_layout_problem(glm: GlmSection, trainer: TrainerConfig) -> str | Non
         return f"{layout} is built by the in-memory receiver; set skyrl_glm.sync.mode=memory"
     if trainer.strategy != "megatron" or not trainer.policy.model.lora.share_expert_adapters:
         return (
-            f"{layout} serves one adapter per layer for all its experts; only Megatron with "
+            f"{layout} serves one adapter per layer or per group of experts; only Megatron with "
             "trainer.policy.model.lora.share_expert_adapters=true trains such an adapter (use per-expert)"
+        )
+    ep = trainer.policy.megatron_config.expert_model_parallel_size
+    groups = 1 if layout == SHARED_OUTER else expert_groups(layout)
+    if groups is not None and groups % ep:
+        return (
+            f"{layout} keeps {groups} adapter(s) per layer, but share_expert_adapters trains one per EP rank: "
+            f"expert_model_parallel_size={ep} gives {ep} groups of consecutive experts; use grouped:{ep}"
         )
     return None
 

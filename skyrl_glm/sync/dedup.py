@@ -28,6 +28,12 @@ every pass over the objects costs a cache miss each):
    name may repeat, checked on the rules (a run's names differ by construction): runs that overlap or a name left
    out of the runs that a run names too. Only a suspicion walks every name, for the first repeat.
 
+5. **Memo**, with declared sharing and a :class:`DedupMemo` kept across the updates of a run: an export's names, and
+   which name shows which tensor, are the same every update (only the values change), so an update whose names
+   equal the last one's and whose tensors repeat its identity pattern is deduplicated by checking exactly that at C
+   speed (one list comparison, one address read and one numpy comparison over the names) and per sent tensor (its
+   shape, dtype and strides); no sort, no alias-rule pass. Anything else is deduplicated in full and remembered.
+
 Sent tensors are in stream order of first appearance (a value told apart only after a fingerprint collision comes
 after its slice's other new values); each sent tensor's names keep stream order, the first is its sent name.
 """
@@ -35,6 +41,7 @@ after its slice's other new values); each sent tensor's names keep stream order,
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import math
 import operator
@@ -282,6 +289,7 @@ class _Deduper:
         self.collided: dict[int, list[int]] = {}  # print -> further sent values with it (rare)
         self.refs: list[np.ndarray] = []  # per slice: the sent index of each of its names
         self.names: list[list[str]] = []  # per slice: its names
+        self.name_refs = np.zeros(0, dtype=np.int64)  # after run: per name of the stream, its sent index
 
     def _new(self, t: torch.Tensor, kind: np.ndarray, view: np.ndarray, words: torch.Tensor | None = None) -> int:
         return int(self._add((t,), kind[None], view[None], (t if words is None else words,))[0])
@@ -388,6 +396,7 @@ class _Deduper:
             by_address = len(sl.objs) > len(sl.names) // 4
             del sl, taken  # the slice's duplicates can go
         refs = np.concatenate(self.refs) if self.refs else np.zeros(0, dtype=np.int64)
+        self.name_refs = refs
         names = list(itertools.chain.from_iterable(self.names))
         counts = np.bincount(refs, minlength=len(self.sent))
         ends = np.cumsum(counts).tolist()
@@ -424,11 +433,70 @@ def _check_distinct(names: list[str], runs: list[AliasRun], lone: list[str]) -> 
             raise ValueError(f"adapter stream repeats the name {repeat!r}")
 
 
+_strides = operator.methodcaller("stride")
+
+
+def _view_kinds(tensors: Sequence[torch.Tensor]) -> list[tuple]:
+    """``(shape, dtype, strides)`` per tensor: what the manifest and the packing read of a sent tensor."""
+    return list(zip(map(_shape, tensors), map(_dtype, tensors), map(_strides, tensors), strict=True))
+
+
+class DedupMemo:
+    """The last declared-sharing result of a run's export (see step 5 of the module's doc), held by the sender
+    across updates. Holds names and indices only: no tensor of an update outlives it here."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.refs = np.zeros(0, dtype=np.int64)  # per name: its sent tensor
+        self.heads = np.zeros(0, dtype=np.int64)  # per sent tensor: the position of its first name
+        self.kinds: list[tuple] = []  # per sent tensor: see _view_kinds
+        self.result: Dedup | None = None  # with no tensors (``unique`` empty); its sent names in ``sent``
+        self.sent: list[str] = []
+        self.hits = 0
+
+    def match(self, names: list[str], tensors: list[torch.Tensor]) -> Dedup | None:
+        """This update deduplicated as the remembered one was, if its names are equal and each name shows the
+        object its sent tensor's first name shows, those objects distinct and viewed alike; else None."""
+        if self.result is None or names != self.names:
+            return None
+        ids = _addresses(tensors)
+        heads = ids[self.heads]
+        if not np.array_equal(ids, heads[self.refs]) or len(np.unique(heads)) != len(heads):
+            return None
+        sent = _pick(tensors, self.heads)
+        if _view_kinds(sent) != self.kinds:
+            return None
+        self.hits += 1
+        return dataclasses.replace(self.result, unique=dict(zip(self.sent, sent, strict=True)))
+
+    def remember(self, names: list[str], result: Dedup, refs: np.ndarray) -> None:
+        _, heads = np.unique(refs, return_index=True)  # sent indices are 0..n-1 in order
+        self.names, self.refs, self.heads = names, refs, heads
+        self.sent = list(result.unique)
+        self.kinds = _view_kinds(list(result.unique.values()))
+        self.result = dataclasses.replace(result, unique={})
+
+
+def _read_all(pairs: Iterable[tuple[str, torch.Tensor]] | StreamReader) -> tuple[list[str], list[torch.Tensor]]:
+    """Every pair of the stream as ``(names, tensors)``, read at C level (a :class:`StreamReader` through its
+    parts, so a renaming stream renames as it does for the dedup)."""
+    if not isinstance(pairs, StreamReader):
+        listed = list(pairs)
+        return [n for n, _ in listed], [t for _, t in listed]
+    names: list[str] = []
+    tensors: list[torch.Tensor] = []
+    while (part := pairs.part(1 << 30)) is not None:
+        names += part.names
+        tensors += part.tensors
+    return names, tensors
+
+
 def deduplicate(
     adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | StreamReader,
     *,
     shared_storage: bool = False,
     slice_bytes: int | None = None,
+    memo: DedupMemo | None = None,
 ) -> Dedup:
     """``shared_storage``: the exporter declares that it hands out one storage for all names of one tensor
     (Megatron-Bridge ``share_expert_adapters``), so distinct storages are distinct tensors and no value is
@@ -436,5 +504,17 @@ def deduplicate(
     ``slice_bytes``: a slice also ends once its tensors' memory holds this many bytes, bounding the exporter's
     duplicates held at once (an exporter of copies materialises every name: ~1 GB per 4,096 names on GLM-5.3);
     ignored with ``shared_storage``, where every storage is sent (no byte is counted then).
-    A :class:`StreamReader` is read as it is (its own ``slice_bytes`` sizes its parts)."""
-    return _Deduper(shared_storage, slice_bytes).run(adapter.items() if isinstance(adapter, Mapping) else adapter)
+    A :class:`StreamReader` is read as it is (its own ``slice_bytes`` sizes its parts). ``memo``: with
+    ``shared_storage``, the run's :class:`DedupMemo` (an update like the last one costs a check per name at C speed
+    and work per sent tensor)."""
+    pairs = adapter.items() if isinstance(adapter, Mapping) else adapter
+    deduper = _Deduper(shared_storage, slice_bytes)
+    if memo is None or not shared_storage:
+        return deduper.run(pairs)
+    names, tensors = _read_all(pairs)
+    hit = memo.match(names, tensors)
+    if hit is not None:
+        return hit
+    result = deduper.run(zip(names, tensors, strict=True))
+    memo.remember(names, result, deduper.name_refs)
+    return result

@@ -20,6 +20,13 @@ each switched on by an engine argument (so a layout is the engine's, not the upd
     which makes skyrl-glm's vLLM plugin keep the other factors once per layer too
     (:mod:`skyrl_glm.sync.vllm.shared_factors`): shared-outer's quarter of the per-expert slot memory becomes about
     1/E of it. Only for an adapter whose experts share every factor (``share_expert_adapters``); any other is refused.
+``grouped:G``
+    G factor sets per layer, one per group of E/G consecutive experts (what Megatron-Bridge's
+    ``share_expert_adapters`` trains under expert parallelism: one adapter per EP rank's block of experts), asked for
+    like shared-all (its ``additional_config`` entry is ``grouped:G``). The update carries ``experts.w{1,2,3}``
+    stacks of expert-dim G, the plugin keeps each factor once per group and hands vLLM's fused-MoE LoRA kernels an
+    expert-to-group map (:mod:`skyrl_glm.sync.vllm.shared_factors`); shared-all is its G=1 case there. An adapter
+    whose experts differ inside a group is refused.
 
 :func:`arrange` builds a layout from the manifest's alias structure (``NameIndex``: explicit names and expert-index
 runs) without expanding the per-expert names. Torch only: the receiver calls it, no vLLM import; the layout
@@ -41,12 +48,16 @@ PER_EXPERT = "per-expert"
 STACKED_3D = "stacked-3d"
 SHARED_OUTER = "shared-outer"
 SHARED_ALL = "shared-all"
-LAYOUTS = (PER_EXPERT, STACKED_3D, SHARED_OUTER, SHARED_ALL)
+GROUPED = "grouped"  # written ``grouped:G``: G groups of consecutive experts per layer
+NAMED = (PER_EXPERT, STACKED_3D, SHARED_OUTER, SHARED_ALL)
+LAYOUTS = (*NAMED, f"{GROUPED}:G")  # as a user writes them
+MAX_GROUPS = 1 << 16  # more groups than any MoE has experts: refused before anything is sized by G
 
 # The vLLM engine argument each layout needs (vLLM 0.26-0.32 ``LoRAConfig``), and the LoRARequest fields it loads with.
 ENGINE_FLAGS = {STACKED_3D: "enable_mixed_moe_lora_format", SHARED_OUTER: "enable_moe_shared_loras"}
-# shared-all rides on shared-outer's flag; this entry of vLLM's ``additional_config`` (its field for plugins, carried
-# to every worker with the engine's config) tells skyrl-glm's vLLM plugin to share the other factors too.
+# shared-all and grouped ride on shared-outer's flag; this entry of vLLM's ``additional_config`` (its field for
+# plugins, carried to every worker with the engine's config) tells skyrl-glm's vLLM plugin to share the other factors
+# too (``shared-all`` or ``grouped:G``).
 ADDITIONAL_CONFIG_KEY = "skyrl_glm_expert_layout"
 REQUEST_FIELDS: dict[str, dict[str, Any]] = {STACKED_3D: {"is_3d_lora_weight": True}}
 
@@ -67,20 +78,43 @@ class LayoutError(ValueError):
     """The update cannot be served in the engine's expert layout (the reason names the module and the factor)."""
 
 
+def _groups_in(layout: str) -> int | None:
+    """G of ``grouped:G`` (a decimal integer in 1..MAX_GROUPS), None for any other text."""
+    head, _, count = layout.partition(":")
+    if head != GROUPED or not count.isdecimal() or not count.isascii() or len(count) > 6:
+        return None
+    return int(count) if 1 <= int(count) <= MAX_GROUPS else None
+
+
+def check_layout(layout: Any) -> str:
+    """``layout`` if it names a layout (``grouped:G`` with its G), else :class:`LayoutError` saying what to write."""
+    if isinstance(layout, str) and (layout in NAMED or _groups_in(layout) is not None):
+        return layout
+    raise LayoutError(
+        f"unknown expert layout {layout!r}; choose from {', '.join(LAYOUTS)} (G: groups per layer, 1..{MAX_GROUPS})"
+    )
+
+
+def expert_groups(layout: str) -> int | None:
+    """How many factor sets per layer ``layout`` serves the routed experts with, where one set serves a whole
+    group of consecutive experts: 1 for shared-all, G for ``grouped:G``; None where a factor is kept per expert."""
+    return 1 if layout == SHARED_ALL else _groups_in(layout)
+
+
 def engine_arguments(layout: str, engine: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The vLLM engine arguments that start an engine in ``layout``: every layout flag, on for ``layout``'s and off
     otherwise, so they win over a default set elsewhere (SkyRL 0.4.0 turns ``enable_mixed_moe_lora_format`` on for
-    every LoRA engine, which beside ``enable_moe_shared_loras`` would make the layout ambiguous); for shared-all,
-    ``additional_config`` with its entry, merged into the one ``engine`` (the other arguments) already holds."""
-    if layout not in LAYOUTS:
-        raise LayoutError(f"unknown expert layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-    flag_layout = SHARED_OUTER if layout == SHARED_ALL else layout
+    every LoRA engine, which beside ``enable_moe_shared_loras`` would make the layout ambiguous); for shared-all and
+    grouped, ``additional_config`` with its entry, merged into the one ``engine`` (the other arguments) already
+    holds."""
+    grouped = expert_groups(check_layout(layout)) is not None
+    flag_layout = SHARED_OUTER if grouped else layout
     out: dict[str, Any] = {flag: owner == flag_layout for owner, flag in ENGINE_FLAGS.items()}
-    if layout == SHARED_ALL:
+    if grouped:
         theirs = (engine or {}).get("additional_config") or {}
         if not isinstance(theirs, Mapping):
             raise LayoutError(
-                f"additional_config must be a mapping (vLLM's config for plugins; {SHARED_ALL} adds its entry there), "
+                f"additional_config must be a mapping (vLLM's config for plugins; {layout} adds its entry there), "
                 f"got {type(theirs).__name__}"
             )
         out["additional_config"] = {**theirs, ADDITIONAL_CONFIG_KEY: layout}
@@ -103,8 +137,9 @@ def layout_of(settings: Mapping[str, Any] | Any, *, loads_3d: bool = True) -> st
     if len(on) > 1:
         raise LayoutError(f"{' and '.join(ENGINE_FLAGS[x] for x in on)} are exclusive: pick one expert layout")
     layout = on[0] if on else PER_EXPERT
-    if layout == SHARED_OUTER and isinstance(extra, Mapping) and extra.get(ADDITIONAL_CONFIG_KEY) == SHARED_ALL:
-        return SHARED_ALL
+    asked = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, Mapping) else None
+    if layout == SHARED_OUTER and isinstance(asked, str) and expert_groups(asked) is not None:
+        return asked
     return PER_EXPERT if layout == STACKED_3D and not loads_3d else layout
 
 
@@ -157,9 +192,12 @@ def _complete(experts: str, factors: dict[tuple[str, str], list[str | None]]) ->
 
 
 def _equal_rows(sent: Mapping[str, torch.Tensor], a: list[str], b: list[str]) -> int | None:
-    """The first expert whose tensors differ between ``a`` and ``b`` (same sent name = equal), else None."""
+    """The first expert whose tensors differ between ``a`` and ``b`` (same sent name = equal), else None. Rows that
+    name the same sent tensors (an exporter's declared sharing) are equal at C speed, with no step per expert."""
     import torch
 
+    if a == b:
+        return None
     for e, (x, y) in enumerate(zip(a, b, strict=True)):
         if x != y and not torch.equal(sent[x], sent[y]):
             return e
@@ -176,6 +214,29 @@ def _stack(sent: Mapping[str, torch.Tensor], row: list[str]) -> torch.Tensor:
     return torch.stack([sent[s] for s in row])
 
 
+def _refuse_split_groups(
+    experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor], layout: str, groups: int
+) -> list[int]:
+    """The first expert of each of ``groups`` groups of consecutive experts, after making sure every expert of a
+    group shows its first expert's tensor in each of ``rows``' factors (the engine keeps one per group and would serve
+    the first's to all): :class:`LayoutError` naming the expert, the factor and the group otherwise."""
+    experts_count = len(next(iter(rows.values())))
+    if experts_count % groups:
+        raise LayoutError(f"expert layout {layout}: {experts} has {experts_count} experts, not {groups} equal groups")
+    size = experts_count // groups
+    heads = list(range(0, experts_count, size))
+    for (proj, ab), row in rows.items():
+        differs = _equal_rows(sent, row, [row[e - e % size] for e in range(experts_count)])
+        if differs is not None:
+            first = differs - differs % size
+            raise LayoutError(
+                f"expert layout {layout}: {experts} expert {differs} has another {proj}.lora_{ab} than expert {first}, "
+                f"the first of its group of {size} (the engine keeps one per group and would serve expert {first}'s); "
+                "use per-expert or stacked-3d"
+            )
+    return heads
+
+
 def _shared(
     experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor], layout: str
 ) -> dict:
@@ -183,19 +244,24 @@ def _shared(
     differs from expert 0), the others ``[E, ...]`` (shared-all keeps expert 0's slot of them, so these must be
     shared too: a broadcast view each)."""
     shared = FACTORS if layout == SHARED_ALL else SHARED_FACTORS
+    _refuse_split_groups(experts, {f: rows[f] for f in shared}, sent, layout, 1)
     out = {}
     for proj, ab in FACTORS:
         row = rows[(proj, ab)]
-        if (proj, ab) in shared:
-            differs = _equal_rows(sent, row, [row[0]] * len(row))
-            if differs is not None:
-                raise LayoutError(
-                    f"expert layout {layout}: {experts} expert {differs} has another {proj}.lora_{ab} than expert 0 "
-                    "(the engine keeps one for all experts and would serve expert 0's); use per-expert or stacked-3d"
-                )
         one = (proj, ab) in SHARED_FACTORS
         out[f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"] = sent[row[0]].unsqueeze(0) if one else _stack(sent, row)
     return out
+
+
+def _grouped(
+    experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor], layout: str, groups: int
+) -> dict:
+    """grouped:G: shared-outer's ``experts.w{1,2,3}`` names, every factor ``[G, ...]`` (its groups' first experts)."""
+    heads = _refuse_split_groups(experts, rows, sent, layout, groups)
+    return {
+        f"{experts}.{SLOTS[proj]}.lora_{ab}.weight": _stack(sent, [rows[(proj, ab)][e] for e in heads])
+        for proj, ab in FACTORS
+    }
 
 
 def _rank_major(b: torch.Tensor) -> torch.Tensor:
@@ -228,8 +294,9 @@ def arrange(manifest: Manifest, sent: Mapping[str, torch.Tensor], layout: str) -
     """The tensors vLLM loads for this update in ``layout``: every public name that is not a routed-expert name
     as it is (a view of its sent tensor), the routed experts per experts module in the layout. Raises
     :class:`LayoutError` when the update cannot be served so (nothing is handed on then)."""
-    if layout not in (STACKED_3D, SHARED_OUTER, SHARED_ALL):
-        raise LayoutError(f"arrange builds {STACKED_3D}, {SHARED_OUTER} or {SHARED_ALL}, not {layout!r}")
+    groups = expert_groups(layout)
+    if layout not in (STACKED_3D, SHARED_OUTER, SHARED_ALL) and groups is None:
+        raise LayoutError(f"arrange builds {STACKED_3D}, {SHARED_OUTER}, {SHARED_ALL} or {GROUPED}:G, not {layout!r}")
     owners, others, other_runs = _owners(manifest)
     out = {name: sent[s] for name, s in others.items()}
     for run in other_runs:
@@ -237,5 +304,10 @@ def arrange(manifest: Manifest, sent: Mapping[str, torch.Tensor], layout: str) -
     for experts, factors in owners.items():
         _complete(experts, factors)
         rows: dict[tuple[str, str], list[str]] = factors  # type: ignore[assignment]  # complete: no None left
-        out.update(_stacked_3d(experts, rows, sent) if layout == STACKED_3D else _shared(experts, rows, sent, layout))
+        if layout == STACKED_3D:
+            out.update(_stacked_3d(experts, rows, sent))
+        elif layout in (SHARED_OUTER, SHARED_ALL):
+            out.update(_shared(experts, rows, sent, layout))
+        else:
+            out.update(_grouped(experts, rows, sent, layout, groups))  # type: ignore[arg-type]  # grouped: an int
     return out

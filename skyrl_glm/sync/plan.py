@@ -29,7 +29,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 )
 
 from skyrl_glm.sync.checksum import span_checks
-from skyrl_glm.sync.dedup import Dedup, deduplicate
+from skyrl_glm.sync.dedup import Dedup, DedupMemo, deduplicate
 from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
 from skyrl_glm.sync.nogc import paused_gc
 
@@ -129,13 +129,14 @@ def build_plan(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     staging: Staging = zeroed,
     shared_storage: bool = False,
+    memo: DedupMemo | None = None,
 ) -> SyncPlan:
     """Deduplicate, pack, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, write the manifest.
     ``staging(nbytes, device)`` gives the zeroed stream buffer (a transport's shared memory, say);
-    ``shared_storage``: see :func:`deduplicate`. A :class:`~skyrl_glm.sync.dedup.Dedup` is an adapter already
+    ``shared_storage``, ``memo``: see :func:`deduplicate`. A :class:`~skyrl_glm.sync.dedup.Dedup` is an adapter already
     deduplicated as its stream arrived (the Megatron sync), planned as it is."""
     with paused_gc():
-        return _build_plan(adapter, adapter_config, lora_name, version, bucket_bytes, staging, shared_storage)
+        return _build_plan(adapter, adapter_config, lora_name, version, bucket_bytes, staging, shared_storage, memo)
 
 
 def _build_plan(
@@ -146,9 +147,10 @@ def _build_plan(
     bucket_bytes: int,
     staging: Staging,
     shared_storage: bool,
+    memo: DedupMemo | None,
 ) -> SyncPlan:
     t0 = time.perf_counter()
-    dedup = adapter if isinstance(adapter, Dedup) else deduplicate(adapter, shared_storage=shared_storage)
+    dedup = adapter if isinstance(adapter, Dedup) else deduplicate(adapter, shared_storage=shared_storage, memo=memo)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
     synchronize(device)
     t2 = time.perf_counter()
