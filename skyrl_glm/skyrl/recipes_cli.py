@@ -115,6 +115,8 @@ def _layout_line(cfg: GlmTrainConfig) -> str:
 
     lora = t.policy.model.lora
     sync = f"{cfg.skyrl_glm.sync.mode} sync via {sync_transports(cfg.skyrl_glm, t.placement)}"
+    if cfg.skyrl_glm.sync.mode == "disk":  # skyrl-glm's sync is off: SkyRL's own, by files or its memory mode
+        sync = f"SkyRL's own sync (trainer.policy.model.lora.sync_mode={t.policy.model.lora.sync_mode})"
     return f"trainer {trainer}; sampler {sampler}; LoRA r{lora.rank}/alpha {lora.alpha}; {sync}"
 
 
