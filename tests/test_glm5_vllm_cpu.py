@@ -258,7 +258,7 @@ def test_the_agree_rule_takes_the_bf16_engines_outlier_token_and_refuses_a_dropp
     if fault == "none":
         assert report.passed, report.first_failure
         assert five.max > 10 * five.mean and five.prob_max < config.prob_tol / 10, five.describe("step 5")
-        assert five.max > 0.4, five.describe("step 5")  # about the bound the rule before stopped on (0.5)
+        assert five.max > 0.5, five.describe("step 5")  # the rule before (max |dlogp| <= 0.5) stopped it: 0.530
     else:
         assert report.first_failure is not None and report.first_failure.step == 5, report.first_failure
         assert five.mean > config.mean_tol and five.prob_max < config.prob_tol, five.describe("step 5")
