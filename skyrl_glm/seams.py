@@ -372,6 +372,15 @@ SEAMS: tuple[Seam, ...] = (
         'CPU mode: SkyRL\'s worker and FSDP utils build a "cuda" mesh',
     ),
     Seam(
+        "skyrl.backends.skyrl_train.distributed.fsdp_utils",
+        "_sync_non_persistent_buffers",
+        "patched",
+        SKYRL,
+        "skyrl_glm/skyrl/cpu.py",
+        "CPU mode with more than one policy rank: ranks other than 0 receive rank 0's non-persistent buffers into "
+        'device="cuda" tensors; the same broadcast into CPU tensors',
+    ),
+    Seam(
         "skyrl.backends.skyrl_train.inference_servers.setup",
         "ray_placement_group",
         "patched",
