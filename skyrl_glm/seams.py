@@ -381,6 +381,22 @@ SEAMS: tuple[Seam, ...] = (
         'device="cuda" tensors; the same broadcast into CPU tensors',
     ),
     Seam(
+        "torch.nn.modules.module:Module",
+        "_non_persistent_buffers_set",
+        "literal",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        "the CPU copy of SkyRL's buffer broadcast reads which buffers are non-persistent, as SkyRL's does",
+    ),
+    Seam(
+        "torch.nn.modules.module:Module",
+        "_buffers",
+        "literal",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        "the CPU copy of SkyRL's buffer broadcast reads and replaces a module's buffers, as SkyRL's does",
+    ),
+    Seam(
         "skyrl.backends.skyrl_train.inference_servers.setup",
         "ray_placement_group",
         "patched",
