@@ -408,6 +408,31 @@ SEAMS: tuple[Seam, ...] = (
         'CPU mode: SkyRL\'s worker and FSDP utils build a "cuda" mesh',
     ),
     Seam(
+        "skyrl.backends.skyrl_train.distributed.fsdp_utils",
+        "_sync_non_persistent_buffers",
+        "patched",
+        SKYRL,
+        "skyrl_glm/skyrl/cpu.py",
+        "CPU mode with more than one policy rank: ranks other than 0 receive rank 0's non-persistent buffers into "
+        'device="cuda" tensors; the same broadcast into CPU tensors',
+    ),
+    Seam(
+        "torch.nn.modules.module:Module",
+        "_non_persistent_buffers_set",
+        "literal",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        "the CPU copy of SkyRL's buffer broadcast reads which buffers are non-persistent, as SkyRL's does",
+    ),
+    Seam(
+        "torch.nn.modules.module:Module",
+        "_buffers",
+        "literal",
+        TORCH,
+        "skyrl_glm/skyrl/cpu.py",
+        "the CPU copy of SkyRL's buffer broadcast reads and replaces a module's buffers, as SkyRL's does",
+    ),
+    Seam(
         "skyrl.backends.skyrl_train.inference_servers.setup",
         "ray_placement_group",
         "patched",

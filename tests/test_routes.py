@@ -5,6 +5,8 @@ fan-out that sends one plan over several transports, and the dry run's predictio
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -196,3 +198,35 @@ def test_cpu_mode_spreads_the_engines_placement_group_over_the_nodes() -> None:
     setup.ray_placement_group([{"GPU": 1}])
     setup.ray_placement_group([{"GPU": 1}], strategy="STRICT_PACK")
     assert asked == ["SPREAD", "SPREAD", "STRICT_PACK"]
+
+
+class OneServer:
+    """A one-server SkyRL client as ``SkyRLServers`` drives it: records each call, every worker accepts."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[Any]]] = []
+        self.loaded: list[str] = []
+
+    async def _call_all_servers(self, endpoint: str, json: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append((json["method"], json["args"][1:]))  # after the call's MAC
+        ok = {"ok": True, "version": 1, "staged": "skyrl-lora@v1"}
+        return {"url": {"body": {"results": [ok] if json["method"] == "skyrl_glm_receive" else [True]}}}
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        self.loaded.append(path)
+
+
+def test_each_server_is_handed_its_own_routes_handle() -> None:
+    import asyncio
+
+    from skyrl_glm.skyrl.publish import SkyRLServers
+
+    near, far = OneServer(), OneServer()
+    routes = routes_for("auto", False, ENGINES)
+    servers = SkyRLServers(list(zip(routes, [near, far], strict=True)), "skyrl-lora")
+    handles = {HANDLES: {"cpu": {"shm_name": "seg"}, "nccl": {"src": 0, "buckets": 1}}}
+    result = asyncio.run(servers.apply_update("{}", handles, FanOut.name))
+    assert result.ok, result.reason
+    assert near.calls[0] == ("skyrl_glm_receive", ["{}", {"shm_name": "seg"}, "cpu", True])
+    assert far.calls[0] == ("skyrl_glm_receive", ["{}", {"src": 0, "buckets": 1}, "nccl", True])
+    assert [m for m, _ in far.calls] == ["skyrl_glm_receive", "skyrl_glm_commit"] and far.loaded

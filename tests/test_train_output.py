@@ -136,7 +136,8 @@ def test_dry_run_is_short_and_the_full_config_is_asked_for(
     monkeypatch.setenv("SKYRL_GLM_CONTROL_KEY_DIR", str(tmp_path))  # four nodes: the key on storage all mount
     assert main(["train", "glm53_dapo_math", "--dry-run"]) == 0
     short = capsys.readouterr().out
-    assert len(short.splitlines()) <= 20, short
+    per_node = [line for line in short.splitlines() if line.startswith("#   node ")]
+    assert len(per_node) == 4 and len(short.splitlines()) <= 20 + 1 + len(per_node), short  # a line per node more
     assert "trainer:" not in short and "# model: zai-org/GLM-5.3 (megatron)" in short
     assert "# export: " in short and "--show-config" in short
     assert main(["train", "glm53_dapo_math", "--dry-run", "--show-config"]) == 0

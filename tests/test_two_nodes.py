@@ -92,3 +92,20 @@ def test_a_broken_route_fails_the_two_node_run(tmp_path: Path, cache: Path, faul
     cluster, summary = _run(tmp_path, cache, f"skyrl_glm.sync.fault={fault}")
     assert cluster.returncode != 0, _tail(cluster)
     assert summary is None or not summary["check"] or not summary["check"]["passed"], summary
+
+
+def test_a_namespace_left_by_a_killed_run_is_removed_by_the_next_and_a_live_ones_kept() -> None:
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a PID whose process has ended: the maker of a namespace that outlived it
+    left, live = f"{two_nodes.PREFIX}{gone.pid}a", f"{two_nodes.PREFIX}{os.getpid()}z"
+    for name in (left, live):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert left in two_nodes.sweep()
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+        assert left not in listed and live in listed
+    finally:
+        for name in (left, live):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)

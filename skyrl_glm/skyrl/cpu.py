@@ -193,6 +193,29 @@ def _patch_device_mesh(device_mesh: types.ModuleType) -> None:
     device_mesh.init_device_mesh = cpu_device_mesh
 
 
+def _patch_fsdp_utils(fsdp_utils: types.ModuleType) -> None:
+    # fsdp_utils.py:127 ``_sync_non_persistent_buffers``: with more than one policy rank, the ranks other than 0
+    # receive rank 0's non-persistent buffers (rotary ``inv_freq``) into ``device="cuda"`` tensors. The same
+    # broadcast into CPU tensors.
+    import torch
+    import torch.distributed as dist
+
+    if not _cuda_missing(torch):
+        return
+
+    def sync_on_cpu(model: Any, loaded_sd: dict[str, Any]) -> None:
+        for module in model.modules():
+            for key in sorted(getattr(module, "_non_persistent_buffers_set", set())):
+                buf = module._buffers.get(key)
+                if buf is None:
+                    continue
+                src = buf.detach().clone() if dist.get_rank() == 0 else torch.empty(buf.shape, dtype=buf.dtype)
+                dist.broadcast(src, src=0)
+                module._buffers[key] = src
+
+    fsdp_utils._sync_non_persistent_buffers = sync_on_cpu
+
+
 def _patch_engine_placement(setup: types.ModuleType) -> None:
     # inference_servers/setup.py:221: without colocation the engines get a placement group of their own, PACKed,
     # so on a cluster with free GPUs on every node all engines land on one node. The multi-node recipes colocate,
@@ -223,3 +246,4 @@ def install() -> None:
     _after_import("torch.distributed")(_patch_distributed)
     _after_import("torch.distributed.device_mesh")(_patch_device_mesh)
     _after_import("skyrl.backends.skyrl_train.inference_servers.setup")(_patch_engine_placement)
+    _after_import("skyrl.backends.skyrl_train.distributed.fsdp_utils")(_patch_fsdp_utils)
