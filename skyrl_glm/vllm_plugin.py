@@ -1,8 +1,8 @@
 """vLLM general plugin (entry point ``vllm.general_plugins``): runs in every vLLM process.
 
 * Installs SkyRL's in-memory LoRA loader (``skyrl-memory://<name>`` adapters built from staged tensors).
-* Installs the shared-all expert layout's slots (:mod:`skyrl_glm.sync.vllm.shared_factors`), on only in an engine
-  that asks for it.
+* Installs the shared-all and grouped expert layouts' slots (:mod:`skyrl_glm.sync.vllm.shared_factors`), on only
+  in an engine that asks for it.
 * On CPU only: keeps the CPU fused-MoE backend when LoRA is enabled. vLLM otherwise forces the Triton
   MoE-LoRA backend, which fails on CPU; routed experts then carry no LoRA, so the target list must
   exclude them (the model policies do, for sampler ``vllm-cpu``).

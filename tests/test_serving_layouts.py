@@ -379,6 +379,8 @@ def test_grouped_keeps_each_factor_once_per_group_and_maps_each_expert_to_its_gr
     per_expert = receive(tensors, layouts.PER_EXPERT).tensors
     grouped = receive(tensors, GROUPED).tensors
     layer = MOE_LAYERS[0]
+    received = {t.untyped_storage().data_ptr() for t in grouped.values()}
+    assert len(received) == 1  # every factor stack a view of the received stream: nothing copied
     for i, ab in itertools.product((1, 2, 3), "AB"):
         assert grouped[f"base_model.model.{experts_module(layer)}.w{i}.lora_{ab}.weight"].shape[0] == 2
     want_layer = fused_moe_layer(shared=False, layout=layouts.PER_EXPERT)

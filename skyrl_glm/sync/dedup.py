@@ -485,7 +485,7 @@ def _read_all(pairs: Iterable[tuple[str, torch.Tensor]] | StreamReader) -> tuple
         return [n for n, _ in listed], [t for _, t in listed]
     names: list[str] = []
     tensors: list[torch.Tensor] = []
-    while (part := pairs.part(1 << 30)) is not None:
+    while (part := pairs.part(SLICE)) is not None:
         names += part.names
         tensors += part.tensors
     return names, tensors

@@ -205,13 +205,22 @@ def _equal_rows(sent: Mapping[str, torch.Tensor], a: list[str], b: list[str]) ->
 
 
 def _stack(sent: Mapping[str, torch.Tensor], row: list[str]) -> torch.Tensor:
-    """``[E, ...]`` of one factor: a broadcast view when every expert shows one sent tensor, else one stack."""
+    """``[E, ...]`` of one factor, without a copy where it can: a broadcast view when every expert shows one sent
+    tensor, a view of the received stream when the row's tensors lie back to back in it (the sender packs a
+    factor's groups in stream order, each at a 64-byte offset: back to back wherever its bytes are a multiple of
+    64), else one stack."""
     import torch
 
     if len(set(row)) == 1:
         one = sent[row[0]]
         return one.unsqueeze(0).expand(len(row), *one.shape)
-    return torch.stack([sent[s] for s in row])
+    tensors = [sent[s] for s in row]
+    first = tensors[0]
+    step = first.numel() * first.element_size()
+    alike = all(t.shape == first.shape and t.dtype == first.dtype and t.is_contiguous() for t in tensors)
+    if alike and all(t.data_ptr() == first.data_ptr() + i * step for i, t in enumerate(tensors)):
+        return first.as_strided((len(row), *first.shape), (first.numel(), *first.stride()))
+    return torch.stack(tensors)
 
 
 def _refuse_split_groups(

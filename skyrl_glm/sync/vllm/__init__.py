@@ -5,7 +5,8 @@
     engine_env.py    the environment variables an engine reads on GPU (memory share, fixed KV cache), parsed
     async_engine.py  AsyncVllmEngineSampler (``AsyncLLM``): swaps while requests run, deferred removal
     worker.py        LoraSyncWorkerExtension: ``worker_extension_cls``, reached by ``collective_rpc``
-    shared_factors.py the shared-all expert layout's LoRA slots (a patch the vLLM plugin installs, on per engine)
+    shared_factors.py the shared-all and grouped expert layouts' LoRA slots and expert-to-group map (a patch the
+                     vLLM plugin installs, on per engine)
 
 ``engine``, ``async_engine`` and ``worker`` import vLLM (lazily or at module scope); this ``__init__`` imports
 nothing, and the sync core (``skyrl_glm.sync.*`` outside this package) never imports it.
