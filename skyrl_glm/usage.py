@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -66,12 +67,14 @@ def run_failed(command: str, error: BaseException, log_path: str | None, likely:
 
 
 def temp_space_problem(needed: int) -> str | None:
-    """Why the temp dir cannot take ``needed`` more bytes (one line naming it and ``TMPDIR``), or None."""
-    directory = tempfile.gettempdir()
+    """Why the temp dir cannot take ``needed`` more bytes (one line naming it and ``TMPDIR``), or None. The dir is
+    ``$TMPDIR`` or ``/tmp`` as set, not :func:`tempfile.gettempdir`, which passes over a full one silently (and some
+    libraries write to ``/tmp`` regardless)."""
+    directory = os.environ.get("TMPDIR") or "/tmp"
     try:
         free = shutil.disk_usage(directory).free
     except OSError as e:
-        return f"temp dir {directory} unusable ({e.strerror or e}); set TMPDIR"
+        return f"temp dir {directory} unusable ({e.strerror or e}); set TMPDIR to a directory with room"
     if free >= needed:
         return None
     have, want = free / 2**20, needed / 2**20

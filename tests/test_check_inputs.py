@@ -244,35 +244,43 @@ def test_a_bad_control_key_setting_is_one_line_before_any_engine(tmp_path, monke
     assert not list((tmp_path).glob("skyrl-glm-key-*"))
 
 
-def test_a_temp_dir_without_room_is_refused_before_the_engine(monkeypatch, capsys):
+def test_a_temp_dir_without_room_is_refused_before_the_engine(tmp_path, monkeypatch, capsys):
     """The engine died 114 s into start-up with a bare EngineDeadError when the temp dir was full: the room a
     check needs there is checked first (here: more than this disk's free space)."""
     import shutil
-    import tempfile
 
     import skyrl_glm.check.runner as runner
     from skyrl_glm.cli import main
 
-    monkeypatch.setattr(runner, "TEMP_BYTES", shutil.disk_usage(tempfile.gettempdir()).free + (1 << 40))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(runner, "TEMP_BYTES", shutil.disk_usage(tmp_path).free + (1 << 40))
     monkeypatch.setattr(runner, "prepare", lambda *a, **k: pytest.fail("the check started"))
     assert main(["check"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"temp dir {tempfile.gettempdir()} has " in err and "set TMPDIR" in err
+    assert len(err.splitlines()) == 1 and f"temp dir {tmp_path} has " in err and "set TMPDIR" in err
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "none"))
+    assert main(["check"]) == 2
+    assert f"temp dir {tmp_path / 'none'} unusable" in capsys.readouterr().err
 
 
 def test_an_engine_that_dies_mid_run_is_one_line_exit_3_with_the_likely_cause(tmp_path, monkeypatch, capsys):
     """A failure after start-up (here the engine's own EngineDeadError, raised where the run would raise it) is one
-    line, exit 3, naming a full temp dir as the likely cause, the traceback kept in the named engine log."""
+    line, exit 3, naming a temp dir that filled up during the run as the likely cause, the traceback kept in the
+    named engine log."""
     import shutil
-    import tempfile
 
     from vllm.v1.engine.exceptions import EngineDeadError
 
     import skyrl_glm.check.cli as check_cli
+    import skyrl_glm.check.runner as runner
     from skyrl_glm import quiet
     from skyrl_glm.cli import main
 
+    filled: list[bool] = []
+
     def dies(*args, **kwargs):
+        if filled:  # the run used up the room the check found before it started
+            monkeypatch.setattr(runner, "TEMP_BYTES", shutil.disk_usage(tmp_path).free + (1 << 40))
         raise EngineDeadError()
 
     log = tmp_path / "engine.log"
@@ -282,7 +290,8 @@ def test_an_engine_that_dies_mid_run_is_one_line_exit_3_with_the_likely_cause(tm
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("skyrl-glm check: failed: EngineDeadError"), err
     assert "likely cause" not in err and f"(log: {log})" in err and "EngineDeadError" in log.read_text()
-    monkeypatch.setattr(check_cli, "TEMP_BYTES", shutil.disk_usage(tempfile.gettempdir()).free + (1 << 40))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    filled.append(True)
     assert main(["check"]) == 3
     err = capsys.readouterr().err.strip()
-    assert f"likely cause: temp dir {tempfile.gettempdir()} has " in err, err
+    assert f"likely cause: temp dir {tmp_path} has " in err, err

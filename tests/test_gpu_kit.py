@@ -44,20 +44,20 @@ def test_parts_unpack_to_the_same_tree(kit) -> None:
     module, tree, tmp_path = kit
     names = module.parts(module.KIT)
     assert len(names) >= 4
-    assert module.unpack_all(module.KIT, tmp_path / "device") == ["stack"]
+    assert module.unpack_all(module.KIT, tmp_path / "device", module.verify(module.KIT)) == ["stack"]
     _same_tree(tree, tmp_path / "device" / "stack")
     assert sorted(p.name for p in (tmp_path / "device").iterdir()) == ["stack"]  # no fresh or old folder left
-    assert module.unpack_all(module.KIT, tmp_path / "device") == []  # the same parts: kept
+    assert module.unpack_all(module.KIT, tmp_path / "device", module.verify(module.KIT)) == []  # the same parts: kept
 
 
 def test_changed_parts_are_unpacked_again(kit) -> None:
     """The marker is keyed on the parts' digests: a stale tree is replaced, not skipped."""
     module, tree, tmp_path = kit
-    module.unpack_all(module.KIT, tmp_path / "device")
+    module.unpack_all(module.KIT, tmp_path / "device", module.verify(module.KIT))
     (tree / "pkg" / "__init__.py").write_text("VALUE = 8\n")
     (tree / "pkg" / "f0.bin").unlink()
     module.pack("stack", tree, ["pkg==2"])
-    assert module.unpack_all(module.KIT, tmp_path / "device") == ["stack"]
+    assert module.unpack_all(module.KIT, tmp_path / "device", module.verify(module.KIT)) == ["stack"]
     out = tmp_path / "device" / "stack"
     assert (out / "pkg" / "__init__.py").read_text() == "VALUE = 8\n" and not (out / "pkg" / "f0.bin").exists()
 
@@ -70,7 +70,7 @@ def test_parts_past_100_join_in_numeric_order(kit, monkeypatch: pytest.MonkeyPat
     (tree / "pkg" / "blob.bin").write_bytes(os.urandom(120 * 512))  # incompressible: more than 100 parts
     module.pack("stack", tree, ["pkg==1"])
     assert len(module.parts(module.KIT)) > 100
-    module.unpack_all(module.KIT, tmp_path / "device")
+    module.unpack_all(module.KIT, tmp_path / "device", module.verify(module.KIT))
     _same_tree(tree, tmp_path / "device" / "stack")
 
 

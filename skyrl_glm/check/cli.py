@@ -13,10 +13,10 @@ from rich.console import Console
 from skyrl_glm.check.algorithm import CheckConfig, StepResult
 from skyrl_glm.check.faults import FAULTS, NO_FAULT
 from skyrl_glm.check.report import plot, print_table, write_json
-from skyrl_glm.check.runner import TEMP_BYTES, CheckOptions, engine_options, run, transport_choices
+from skyrl_glm.check.runner import CheckOptions, engine_options, run, temp_problem, transport_choices
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
-from skyrl_glm.usage import UsageError, run_failed, temp_space_problem, writable_file
+from skyrl_glm.usage import UsageError, run_failed, writable_file
 
 log = logging.getLogger(__name__)
 console = Console(width=140)
@@ -107,7 +107,7 @@ def failed(error: Exception) -> int:
     if engine_log:
         with contextlib.suppress(OSError), open(engine_log, "a") as f:
             traceback.print_exception(error, file=f)
-    return run_failed("skyrl-glm check", error, engine_log, temp_space_problem(TEMP_BYTES))
+    return run_failed("skyrl-glm check", error, engine_log, temp_problem())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -123,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
     except EngineStartError as e:
         if options.allow_unsupported_targets:  # the targets forced past the family's policy are the likely cause
             raise UsageError(f"{e}; the engine was started with --allow-unsupported-targets") from e
-        return run_failed("skyrl-glm check", e, None, temp_space_problem(TEMP_BYTES))
+        return run_failed("skyrl-glm check", e, None, temp_problem())
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - an engine that died mid-run (EngineDeadError): one line, exit 3

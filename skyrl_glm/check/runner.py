@@ -67,13 +67,18 @@ class CheckOptions:
 TEMP_BYTES = 256 << 20
 
 
+def temp_problem() -> str | None:
+    """Why the temp dir cannot take a check (one line), or None."""
+    return temp_space_problem(TEMP_BYTES)
+
+
 def engine_options(args: argparse.Namespace, **rest: Any) -> CheckOptions:
     """The options of the flags ``check`` and ``check matrix`` share (model, device, sampler, adapter rank and
     targets, expert layout), plus ``rest``: one reading of those flags for both commands. The run's control key
     setting is checked here too: the engine would refuse it only after it started."""
     from skyrl_glm.sync.vllm.control import setting_problem
 
-    if problem := setting_problem() or temp_space_problem(TEMP_BYTES):
+    if problem := setting_problem() or temp_problem():
         raise UsageError(problem)
     return CheckOptions(
         model=args.model,
