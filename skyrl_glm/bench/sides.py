@@ -15,6 +15,7 @@ import torch
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, fold_value, is_lora_b
 from skyrl_glm.bench.verify import verify_rebuilt
 from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
+from skyrl_glm.sync.dedup import DedupMemo
 from skyrl_glm.sync.plan import synchronize
 
 TIMED_PAIRS = 16  # exporter pairs timed at once
@@ -90,6 +91,7 @@ class Sender:
         self.public_bytes = sum(syn.unique[k].numel() * syn.unique[k].element_size() for k in syn.names.values())
         self.config = adapter_config(opts.rank, opts.alpha, syn.targets)
         self.plan: Any = None
+        self.memo = DedupMemo()  # ours, across the rounds: a sync of the same export is a sync like the last
 
     def export(self) -> TimedStream:
         """The bridge's stream of this sync: names without the PEFT prefix, in export order, on the device."""
