@@ -64,6 +64,10 @@ def argument_error(args: argparse.Namespace) -> str | None:
             return f"{flag} must be <= {most}, got {value}"
     if args.alpha is not None and not (math.isfinite(args.alpha) and args.alpha > 0):
         return f"--alpha must be a finite number > 0, got {args.alpha}"
+    if not 1 <= args.expert_groups <= 1 << 16:
+        return f"--expert-groups must be in 1..65536, got {args.expert_groups}"
+    if args.expert_groups > 1 and not args.share_experts:
+        return "--expert-groups: groups share adapters; drop --no-share-experts"
     if args.layers is not None and args.layers < 1:
         return f"--layers must be >= 1, got {args.layers}"
     if args.exporter == "bridge":
@@ -76,6 +80,12 @@ def argument_error(args: argparse.Namespace) -> str | None:
     family = registry().model(args.model)
     if args.config == "full" and family.full_config is None:
         return f"--config full: model family {args.model!r} has no full config (use --config tiny)"
+    if args.expert_groups > 1:  # the config's expert count (transformers, only when asked)
+        from skyrl_glm.lora.bridge import text_config
+
+        experts = getattr(text_config(family.config(args.config)), "n_routed_experts", 0) or 0
+        if experts % args.expert_groups:
+            return f"--expert-groups {args.expert_groups}: the model's {experts} routed experts make no equal groups"
     try:
         for flag, path in (("--json", args.json), ("--plot", args.plot)):
             if path:
@@ -130,6 +140,12 @@ def add_parser(subparsers: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="one adapter for all routed experts of a layer (Bridge share_expert_adapters)",
+    )
+    p.add_argument(
+        "--expert-groups",
+        type=int,
+        default=1,
+        help="with --share-experts: one adapter per group of E/G consecutive experts (Bridge under EP G)",
     )
     p.add_argument("--copies", action="store_true", help="exporter hands out a separate copy under every name")
     p.add_argument(

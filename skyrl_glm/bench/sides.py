@@ -124,8 +124,8 @@ class Sender:
         from skyrl_glm.sync.manifest import Manifest, views
         from skyrl_glm.sync.plan import SyncPlan, layout, pack_into
 
-        # What SkyRL's Megatron worker passes: one adapter per EP rank's experts (EP 1 here) when shared, else 1.
-        span = max(1, self.syn.n_experts) if self.opts.share_experts else 1
+        # What SkyRL's Megatron worker passes: one adapter per EP rank's experts (EP = the groups here) when shared.
+        span = max(1, self.syn.n_experts // self.opts.expert_groups) if self.opts.share_experts else 1
         t0 = time.perf_counter()
         pairs, export = self._public_stream()
         to_send, aliases = dedupe_shared_expert_adapters(pairs, span)

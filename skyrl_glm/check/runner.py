@@ -173,7 +173,9 @@ def prepare(options: CheckOptions) -> CheckPlan:
     kinds = [family.lora.target(t).kind for t in targets]
     check_expert_layout(options.expert_layout, options.device, kinds)
     groups = expert_groups(options.expert_layout)
-    experts = (family.tiny_config().to_dict() if config is None else config).get("n_routed_experts") or 0
+    experts = 0
+    if groups:  # the model's expert count, read only for a grouped layout
+        experts = (family.tiny_config().to_dict() if config is None else config).get("n_routed_experts") or 0
     if groups and experts % groups:
         raise UsageError(
             f"--expert-layout {options.expert_layout}: the model's {experts} experts make no {groups} groups"
