@@ -199,3 +199,13 @@ def test_bad_arguments_are_refused_before_the_run(extra, message, capsys, monkey
     assert args.func(args) == 2
     err = capsys.readouterr().err
     assert err == f"skyrl-glm bench sync: error: {message}\n"
+
+
+def test_the_command_line_builds_every_option_and_runs(tmp_path):
+    """Every ``BenchOptions`` field comes from a command-line argument: the command itself runs (one MoE layer of
+    the tiny GLM-5.3, no disk baseline) and writes its report."""
+    out = tmp_path / "sync.json"
+    args = _parser().parse_args(["bench", "sync", "--layers", "1", "--no-disk", "--json", str(out)])
+    assert args.func(args) == 0
+    runs = [run for path in json.loads(out.read_text())["paths"].values() for run in path["runs"]]
+    assert runs and all(run["verified"] for run in runs)
