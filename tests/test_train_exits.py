@@ -97,3 +97,29 @@ def test_a_megatron_run_without_its_stack_names_what_is_missing_before_ray_start
     problem = trainer_stack.trainer_stack_problem("megatron")
     assert problem is not None and problem.startswith("trainer.strategy: megatron needs ") and "te-x" in problem
     assert trainer_stack.trainer_stack_problem("fsdp") is None
+
+
+def test_skyrl_megatron_imports_are_found_in_the_installed_bridge_source(tmp_path):
+    """SkyRL 0.4.0's Megatron worker imports names no Megatron-Bridge release has (measured on one H200 with
+    Bridge 0.6.2: ImportError inside the Ray actor, two minutes in). The check reads SkyRL's import statements and
+    finds each name in Bridge's source, before anything starts. Here: a SkyRL module importing two names from a
+    Bridge tree that defines one, then both; and SkyRL's real Megatron modules against a Bridge without them."""
+    import importlib.util
+
+    from skyrl_glm.skyrl.trainer_stack import SKYRL_MEGATRON, bridge_api_problem
+
+    skyrl = tmp_path / "skyrl"
+    worker = skyrl / SKYRL_MEGATRON[0] / "wrapper.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text("from megatron.bridge.peft.utils import sync_a, sync_b\n")
+    utils = tmp_path / "bridge" / "peft" / "utils.py"
+    utils.parent.mkdir(parents=True)
+    utils.write_text("def sync_a():\n    pass\n")
+    problem = bridge_api_problem(skyrl, tmp_path / "bridge")
+    assert problem is not None and "SkyRL's wrapper imports sync_b from megatron.bridge.peft.utils" in problem
+    utils.write_text("def sync_a():\n    pass\n\n\nfrom x import sync_b\n")
+    assert bridge_api_problem(skyrl, tmp_path / "bridge") is None
+
+    real = next(iter(importlib.util.find_spec("skyrl").submodule_search_locations))
+    problem = bridge_api_problem(Path(real), tmp_path / "bridge")
+    assert problem is not None and problem.startswith("trainer.strategy: megatron: SkyRL's "), problem
