@@ -2,11 +2,11 @@
 with skyrl-glm's sync and check inside it: the canary with the memory sync over the collective transport on gloo
 (the reward must rise: the loop learns through the sync), the tiny recipe with SkyRL's disk sync, and the canary
 with a broken sync (memory over shared memory), which the check stops before step 1, and the canary whose sync
-breaks after step 2, which the agree check after that sync stops.
+breaks after step 2, which the agree check after that sync stops (started after the other three have ended).
 
 Each run is a subprocess through one of the two doors (`skyrl-glm train`, or SkyRL's `main_base` with
 `trainer.override_entrypoint=skyrl_glm.train`), about 100 s on 2 cores (Ray, the vLLM CPU server and the policy
-worker start per run), and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`. The four runs start
+worker start per run), and writes its summary to `<trainer.log_path>/skyrl_glm_summary.json`. The first three runs start
 together when the first test asks for one (each has its own Ray cluster, ports, control key and directories, as
 two runs on one host do: docs/skyrl.md), so their start-ups, which mostly keep one core busy with imports, overlap;
 each test then judges its own run.
@@ -154,7 +154,7 @@ CANARY_EVALS = (
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """The module's four runs, started together (see the module's docstring); any still running at the end is
+    """The module's first three runs, started together (see the module's docstring); any still running at the end is
     stopped."""
     cache = tmp_path_factory.mktemp("tiny-models")
     started = {
@@ -167,15 +167,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
         # Through SkyRL's own entrypoint: `main_base trainer.override_entrypoint=skyrl_glm.train`.
         "disk": ("skyrl_glm.sync.mode=disk", "generator.sampling_params.temperature=0.7", {"door": SKYRL_MAIN}),
         "no-publish": ("skyrl_glm.sync.fault=no-publish", {"recipe": CANARY}),
-        # A fault that starts mid-run: the shared expert's LoRA dropped from every sync after step 2 (the CPU
-        # analogue of drop-experts); the agree check after that sync must stop the run. Four steps at most, so a
-        # missed fault ends the run (exit 0) instead of training on.
-        "fault-at-step": (
-            "skyrl_glm.sync.fault=drop-shared-experts",
-            f"skyrl_glm.sync.fault_at_step={FAULT_STEP}",
-            "trainer.max_training_steps=4",
-            {"recipe": CANARY},
-        ),
     }
     out = {}
     for name, (*overrides, options) in started.items():
@@ -268,14 +259,34 @@ def test_a_broken_sync_aborts_at_the_first_check_with_the_report(runs: dict[str,
     assert proc.stderr.splitlines()[-1].startswith("full log: "), tail(proc)
 
 
-def test_a_fault_started_at_step_k_is_stopped_by_the_agree_check_after_the_next_sync(runs: dict[str, Run]) -> None:
+@pytest.fixture(scope="module")
+def fault_at_step(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """A fault that starts mid-run: the shared expert's LoRA dropped from every sync after step 2 (the CPU analogue
+    of drop-experts). Started when its test asks, the module's last, once the three runs above have ended: a fourth
+    run beside them ran a shared 24 GB machine out of memory (Ray killed the experiment and its retry hung). Four
+    steps at most, so a missed fault ends the run (exit 0) instead of training on."""
+    overrides = (
+        "skyrl_glm.sync.fault=drop-shared-experts",
+        f"skyrl_glm.sync.fault_at_step={FAULT_STEP}",
+        "trainer.max_training_steps=4",
+    )
+    run = start(
+        tmp_path_factory.mktemp("fault-at-step"), tmp_path_factory.mktemp("tiny-models"), *overrides, recipe=CANARY
+    )
+    yield run
+    if run.proc.poll() is None:
+        run.proc.kill()
+        run.proc.wait()
+
+
+def test_a_fault_started_at_step_k_is_stopped_by_the_agree_check_after_the_next_sync(fault_at_step: Run) -> None:
     """The syncs before and after step 1 are intact (the check before step 1 and the agree check after step 1 pass);
     the sync after step 2 sends the adapter without the shared expert's LoRA and the agree check after it stops the
     run: within one sync of the fault, with the report."""
     from skyrl_glm.skyrl.step_table import stop_verdict
 
-    tmp_path = runs["fault-at-step"].tmp
-    proc, summary = runs["fault-at-step"].result()
+    tmp_path = fault_at_step.tmp
+    proc, summary = fault_at_step.result()
     assert proc.returncode == 1, tail(proc)
     assert summary is not None
     assert summary["check"]["passed"], summary["check"]  # the fault had not started before step 1
