@@ -246,6 +246,6 @@ def test_a_refusal_on_one_engine_is_reported_and_only_the_engines_that_staged_di
     routes = routes_for("auto", False, ENGINES, fault="remote-same-host")
     servers = SkyRLServers(list(zip(routes, [near, far], strict=True)), "skyrl-lora")
     result = asyncio.run(servers.apply_update("{}", {HANDLES: {"cpu": {"shm_name": "x"}}}, FanOut.name))
-    assert not result.ok and result.reason == f"update rejected: {refusal['reason']}"
+    assert not result.ok and result.reason == f"update rejected by {SERVERS[1]}: {refusal['reason']}"
     assert [m for m, _ in near.calls] == ["skyrl_glm_receive", "skyrl_glm_discard"] and not near.loaded
     assert [m for m, _ in far.calls] == ["skyrl_glm_receive"] and not far.loaded

@@ -67,6 +67,16 @@ class SkyRLServers:
         answers = await asyncio.gather(*(self._rpc(c, method, *args) for _, c in self.engines))
         return [a for per_server in answers for a in per_server]
 
+    def _refusal(self, per_engine: Sequence[list[Any]]) -> str:
+        """``by <server>: <reason>`` of the first refusal (the server says which engine, on which node)."""
+        for (route, _), answers in zip(self.engines, per_engine, strict=True):
+            if not answers:
+                return f"by {route.engine}: no inference worker answered"
+            for a in answers:
+                if not (isinstance(a, dict) and a.get("ok")):
+                    return f"by {route.engine}: {a.get('reason', a) if isinstance(a, dict) else a}"
+        return "by every server: no inference worker answered"
+
     async def _discard(self, per_engine: Sequence[list[Any]]) -> None:
         """Drop what each server's workers staged of a refused update: one call per server that staged it, only
         there. Best effort: a server whose other workers refused answers with an error (they hold nothing), and
@@ -94,9 +104,7 @@ class SkyRLServers:
         accepted = [a for a in answers if isinstance(a, dict) and a.get("ok")]
         if not answers or len(accepted) < len(answers):
             await self._discard(per_engine)
-            refused = next((a for a in answers if a not in accepted), "no inference worker answered")
-            reason = refused.get("reason", refused) if isinstance(refused, dict) else refused
-            return UpdateResult(False, None, f"update rejected: {reason}")
+            return UpdateResult(False, None, f"update rejected {self._refusal(per_engine)}")
         version, staged = int(accepted[0]["version"]), str(accepted[0]["staged"])
         await asyncio.gather(
             *(c.load_lora_adapter(self.lora_name, in_memory_lora_path(staged)) for _, c in self.engines)
