@@ -47,6 +47,7 @@ def test_one_faults_table_drives_the_check_and_the_skyrl_section() -> None:
     assert inject(NO_FAULT, publisher, sampler) == (publisher, sampler)
     assert FAULTS == (NO_FAULT, *FAULT_TABLE) and EXPECTED_FAILURE["drop-aliases"] == 4
     assert load_config("tiny_cpu_grpo", ["skyrl_glm.sync.fault=no-publish"]).skyrl_glm.sync.fault == "no-publish"
-    # a fault the SkyRL run cannot inject is refused, naming the ones it can
-    with pytest.raises(ConfigError, match=r"skyrl_glm.sync.fault: must be one of none\|no-publish, got 'double-scale'"):
+    # a fault the SkyRL run cannot inject is refused, naming the ones it can (the table's, then the routing faults)
+    can = r"none\|no-publish\|remote-same-host\|skip-remote"
+    with pytest.raises(ConfigError, match=rf"skyrl_glm.sync.fault: must be one of {can}, got 'double-scale'"):
         load_config("tiny_cpu_grpo", ["skyrl_glm.sync.fault=double-scale"])
