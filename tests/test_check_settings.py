@@ -50,9 +50,9 @@ def test_one_faults_table_drives_the_check_and_the_skyrl_section() -> None:
     assert FAULTS == (NO_FAULT, *FAULT_TABLE) and EXPECTED_FAILURE["drop-aliases"] == 4
     assert load_config("tiny_cpu_grpo", ["skyrl_glm.sync.fault=no-publish"]).skyrl_glm.sync.fault == "no-publish"
     # a fault the SkyRL run cannot inject (a sampler's, or one the disk baseline already breaks) is refused, naming
-    # the ones it can: the publisher faults
-    skyrl = "none|no-publish|double-scale|wrong-target|drop-experts|drop-shared-experts"
-    assert all(FAULT_TABLE[f].publisher is not None for f in skyrl.split("|")[1:])
+    # the ones it can: the publisher faults, then the routing faults
+    skyrl = "none|no-publish|double-scale|wrong-target|drop-experts|drop-shared-experts|remote-same-host|skip-remote"
+    assert all(FAULT_TABLE[f].publisher is not None for f in skyrl.split("|")[1:6])
     for refused in ("prefill-only", "drop-aliases"):
         with pytest.raises(
             ConfigError, match=rf"skyrl_glm.sync.fault: must be one of {re.escape(skyrl)}, got '{refused}'"

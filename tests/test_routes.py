@@ -203,14 +203,16 @@ def test_cpu_mode_spreads_the_engines_placement_group_over_the_nodes() -> None:
 class OneServer:
     """A one-server SkyRL client as ``SkyRLServers`` drives it: records each call, every worker accepts."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: dict[str, Any] | None = None) -> None:
         self.calls: list[tuple[str, list[Any]]] = []
         self.loaded: list[str] = []
+        self.answer = answer or {"ok": True, "version": 1, "staged": "skyrl-lora@v1"}
 
     async def _call_all_servers(self, endpoint: str, json: dict[str, Any]) -> dict[str, Any]:
         self.calls.append((json["method"], json["args"][1:]))  # after the call's MAC
-        ok = {"ok": True, "version": 1, "staged": "skyrl-lora@v1"}
-        return {"url": {"body": {"results": [ok] if json["method"] == "skyrl_glm_receive" else [True]}}}
+        if json["method"] == "skyrl_glm_discard" and not self.answer.get("ok"):
+            raise RuntimeError("500: skyrl_glm_discard: 'skyrl-lora@v1' was not staged by this worker")
+        return {"url": {"body": {"results": [self.answer] if json["method"] == "skyrl_glm_receive" else [True]}}}
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         self.loaded.append(path)
@@ -230,3 +232,20 @@ def test_each_server_is_handed_its_own_routes_handle() -> None:
     assert near.calls[0] == ("skyrl_glm_receive", ["{}", {"shm_name": "seg"}, "cpu", True])
     assert far.calls[0] == ("skyrl_glm_receive", ["{}", {"src": 0, "buckets": 1}, "nccl", True])
     assert [m for m, _ in far.calls] == ["skyrl_glm_receive", "skyrl_glm_commit"] and far.loaded
+
+
+def test_a_refusal_on_one_engine_is_reported_and_only_the_engines_that_staged_discard() -> None:
+    """The engine on node 1 handed a segment it cannot open refuses; the update is rejected with that reason, the
+    engine on node 0 drops its staged copy, and node 1 (which staged nothing) is not asked to."""
+    import asyncio
+
+    from skyrl_glm.skyrl.publish import SkyRLServers
+
+    refusal = {"ok": False, "reason": "shared-memory segment 'skyrl_glm_x' unreadable (sender gone?)"}
+    near, far = OneServer(), OneServer(refusal)
+    routes = routes_for("auto", False, ENGINES, fault="remote-same-host")
+    servers = SkyRLServers(list(zip(routes, [near, far], strict=True)), "skyrl-lora")
+    result = asyncio.run(servers.apply_update("{}", {HANDLES: {"cpu": {"shm_name": "x"}}}, FanOut.name))
+    assert not result.ok and result.reason == f"update rejected by {SERVERS[1]}: {refusal['reason']}"
+    assert [m for m, _ in near.calls] == ["skyrl_glm_receive", "skyrl_glm_discard"] and not near.loaded
+    assert [m for m, _ in far.calls] == ["skyrl_glm_receive"] and not far.loaded

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm
 
 # SkyRL's own helpers of its sleep/wake RPCs (called by them on the worker, so they cannot be taken away).
 SKYRL_HELPERS = ("_skyrl_draft_model", "_skyrl_restore_buffers")
-SIGNED = (*CONTROL_METHODS, "skyrl_glm_join_group")
+SIGNED = (*CONTROL_METHODS, "skyrl_glm_join_group", "skyrl_glm_node")
 # Arguments of the right arity and types for each (what the trainer would send after the MAC).
 ARGS: dict[str, tuple[Any, ...]] = {
     "skyrl_glm_receive": ("{}", {}, "cpu"),
@@ -30,6 +30,7 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "skyrl_glm_discard": ("p@v1",),
     "skyrl_glm_staged": (),
     "skyrl_glm_join_group": ("127.0.0.1", 9, 1, 2, "gloo"),
+    "skyrl_glm_node": (),
 }
 
 
@@ -131,3 +132,7 @@ def test_skyrls_mixed_format_engine_receives_per_expert_names():
     skyrl_worker.vllm_config = mixed
     assert receiver_state(skyrl_worker).receiver.layout == PER_EXPERT
     assert receiver_state(OwnWorker()).receiver.layout == STACKED_3D
+
+
+def test_a_worker_says_which_node_it_runs_on_when_the_run_asks() -> None:
+    assert Worker().skyrl_glm_node(*signed("skyrl_glm_node", ())) == sync_group.node_address()

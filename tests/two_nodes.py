@@ -34,6 +34,10 @@ RAY_PORT = 6379
 GPUS_PER_NODE = 2  # logical: one policy rank and one vLLM engine per node
 CPUS_PER_NODE = 8  # logical too: Ray's bookkeeping, not cores
 BIN = Path(sys.executable).parent
+# Ray's memory monitor counts the whole host's memory as its node's: on a machine shared with other jobs it kills
+# the run's workers for memory they do not use (measured: a run killed at 95 % of the host). The kernel still
+# guards the host.
+RAY_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
 
 
 def problem() -> str | None:
@@ -152,13 +156,13 @@ def two_nodes(tmp: Path, env: dict[str, str], driver: list[str], timeout: float)
             "exec sleep infinity"  # the node lives until its PID namespace is ended
         )
         with (tmp / "node1.log").open("w") as log:
-            worker_env = {**env, "GLOO_SOCKET_IFNAME": worker.veth}  # gloo's address: the node's own
+            worker_env = {**env, **RAY_ENV, "GLOO_SOCKET_IFNAME": worker.veth}  # gloo's address: the node's own
             procs.append(subprocess.Popen(_in_node(worker, join), env=worker_env, stdout=log, stderr=log, text=True))
         run = (
             f"{_ray_start(head, head)}; export RAY_ADDRESS={head.address}:{RAY_PORT}; "
             f"{shlex.quote(sys.executable)} -c {shlex.quote(WAIT_FOR_NODES)}; {shlex.join(driver)}"
         )
-        head_env = {**env, "GLOO_SOCKET_IFNAME": head.veth}
+        head_env = {**env, **RAY_ENV, "GLOO_SOCKET_IFNAME": head.veth}
         with (tmp / "stdout.txt").open("w") as out, (tmp / "stderr.txt").open("w") as err:
             procs.append(subprocess.Popen(_in_node(head, run), env=head_env, stdout=out, stderr=err, text=True))
         try:

@@ -42,12 +42,12 @@ def node_plans(trainer: TrainerConfig, engine: InferenceEngineConfig, glm: GlmSe
     from skyrl_glm.skyrl.config import colocated_gpu
 
     p = trainer.placement
+    if not p.colocate_all:
+        return None
     per_node = max(p.policy_num_gpus_per_node, 1)
     plans = [NodePlan(n) for n in range(max(p.policy_num_nodes, 1))]
     for r in range(p.policy_num_nodes * p.policy_num_gpus_per_node):
         plans[r // per_node].ranks.append(r)
-    if not p.colocate_all:
-        return None
     k = engine.tensor_parallel_size * engine.pipeline_parallel_size
     engines = []
     for i in range(engine.num_engines * engine.data_parallel_size):

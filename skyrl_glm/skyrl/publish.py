@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,8 @@ from skyrl_glm.skyrl.routes import Route
 from skyrl_glm.sync.transports.fanout import HANDLES
 from skyrl_glm.sync.update import UpdateResult
 from skyrl_glm.sync.vllm.control import signed
+
+log = logging.getLogger(__name__)
 
 
 def one_server(client: Any, url: str) -> Any:
@@ -64,6 +67,28 @@ class SkyRLServers:
         answers = await asyncio.gather(*(self._rpc(c, method, *args) for _, c in self.engines))
         return [a for per_server in answers for a in per_server]
 
+    def _refusal(self, per_engine: Sequence[list[Any]]) -> str:
+        """``by <server>: <reason>`` of the first refusal (the server says which engine, on which node)."""
+        for (route, _), answers in zip(self.engines, per_engine, strict=True):
+            if not answers:
+                return f"by {route.engine}: no inference worker answered"
+            for a in answers:
+                if not (isinstance(a, dict) and a.get("ok")):
+                    return f"by {route.engine}: {a.get('reason', a) if isinstance(a, dict) else a}"
+        return "by every server: no inference worker answered"
+
+    async def _discard(self, per_engine: Sequence[list[Any]]) -> None:
+        """Drop what each server's workers staged of a refused update: one call per server that staged it, only
+        there. Best effort: a server whose other workers refused answers with an error (they hold nothing), and
+        what stays staged goes at the next commit; the refusal's own reason is what the caller reports."""
+        calls = []
+        for (_, client), answers in zip(self.engines, per_engine, strict=True):
+            staged = {str(a["staged"]) for a in answers if isinstance(a, dict) and a.get("ok")}
+            calls += [self._rpc(client, "skyrl_glm_discard", name) for name in sorted(staged)]
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.warning("skyrl-glm: discarding a refused update's staged copy failed: %s", outcome)
+
     async def apply_update(self, manifest_json: str, handle: dict[str, Any], transport: str) -> UpdateResult:
         """Every routed server's workers receive (each over its route's transport) and stage; all accepted -> load
         and commit, else discard what was staged."""
@@ -73,15 +98,13 @@ class SkyRLServers:
             self._rpc(c, "skyrl_glm_receive", manifest_json, handles[r.transport], r.transport, self.verify)
             for r, c in self.engines
         )
-        answers = [a for per_server in await asyncio.gather(*receiving) for a in per_server]
+        per_engine = await asyncio.gather(*receiving)
+        answers = [a for per_server in per_engine for a in per_server]
         t1 = time.perf_counter()
         accepted = [a for a in answers if isinstance(a, dict) and a.get("ok")]
         if not answers or len(accepted) < len(answers):
-            for a in accepted:
-                await self._each("skyrl_glm_discard", a["staged"])
-            refused = next((a for a in answers if a not in accepted), "no inference worker answered")
-            reason = refused.get("reason", refused) if isinstance(refused, dict) else refused
-            return UpdateResult(False, None, f"update rejected: {reason}")
+            await self._discard(per_engine)
+            return UpdateResult(False, None, f"update rejected {self._refusal(per_engine)}")
         version, staged = int(accepted[0]["version"]), str(accepted[0]["staged"])
         await asyncio.gather(
             *(c.load_lora_adapter(self.lora_name, in_memory_lora_path(staged)) for _, c in self.engines)
