@@ -16,6 +16,18 @@ from typing import Any
 _LIST_DETAIL = 3
 
 
+def finite_number(value: object) -> float | None:
+    """``value`` read back from JSON as a finite float; None for anything else (not a number, a bool, NaN or an
+    infinity, an int past float's range): what a report may draw or average."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _clean(value: Any, path: str, found: dict[str, str]) -> Any:
     if isinstance(value, float):
         if math.isfinite(value):

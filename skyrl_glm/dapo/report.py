@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from skyrl_glm.strict_json import finite_number
 from skyrl_glm.usage import UsageError
 
 log = logging.getLogger(__name__)
@@ -92,23 +92,12 @@ def _read_jsonl(path: Path) -> list[dict]:
     return records
 
 
-def _number(value: object) -> float | None:
-    """``value`` as a finite float, None if it is not a number or none (a bool, NaN, an int past float's range)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _reward(value: object) -> float | list[float] | None:
     """A dumped ``score``: a finite number (sequence reward) or a non-empty list of them (token rewards)."""
-    if (number := _number(value)) is not None:
+    if (number := finite_number(value)) is not None:
         return number
     if isinstance(value, list) and value:
-        numbers = [_number(v) for v in value]
+        numbers = [finite_number(v) for v in value]
         return None if None in numbers else numbers
     return None
 
@@ -148,7 +137,7 @@ def _mean_length(eval_dir: Path) -> float | None:
     if not aggregated.is_file():
         return None
     metrics = _read_jsonl(aggregated)
-    return _number(metrics[0][1].get(LENGTH_KEY)) if metrics else None
+    return finite_number(metrics[0][1].get(LENGTH_KEY)) if metrics else None
 
 
 def _dump_points(step: int | None, eval_dir: Path, files: list[Path]) -> list[EvalPoint]:

@@ -8,7 +8,6 @@ The rows are :meth:`~skyrl_glm.skyrl.summary.RunSummary.step_rows` as the summar
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from skyrl_glm.strict_json import finite_number
 from skyrl_glm.usage import UsageError
 
 SUMMARY_FILE = "skyrl_glm_summary.json"
@@ -102,24 +102,13 @@ def _summary_problem(data: Any) -> str | None:
     for r in steps:
         for name in FIGURES:
             value = r.get(name)
-            if value is not None and _finite(value) is None:
+            if value is not None and finite_number(value) is None:
                 return f"step {r['step']}: {name} {value!r:.40} is not a finite number"
     return None
 
 
 def _is_step(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
-
-
-def _finite(value: Any) -> float | None:
-    """``value`` as a finite float (not a bool, not an int past float's range), else None."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def print_step_table(summary: dict[str, Any], console: Console) -> None:
