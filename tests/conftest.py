@@ -10,6 +10,33 @@ import torch
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _logging_and_quiet_settings_restored():
+    """What an in-process command changes for the rest of the process, put back after each test: the environment
+    variables and logger levels ``quiet.configure`` sets (a later test's vLLM server inherits the environment: at
+    ``VLLM_LOGGING_LEVEL=ERROR`` its log loses the route guard's refusals) and any logger another library disabled."""
+    import logging
+
+    from skyrl_glm import quiet
+
+    names = {*quiet.QUIET, *quiet.VERBOSE, quiet.ENGINE_LOG_ENV}
+    env = {name: os.environ.get(name) for name in names}
+    known = [v for v in logging.root.manager.loggerDict.values() if isinstance(v, logging.Logger)]
+    state = {lg: (lg.level, lg.disabled) for lg in [logging.getLogger(), *known]}
+    yield
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    for lg, (level, disabled) in state.items():
+        lg.setLevel(level)
+        lg.disabled = disabled
+    for lg in (v for v in logging.root.manager.loggerDict.values() if isinstance(v, logging.Logger)):
+        if lg not in state:  # created during the test: not left disabled by a library's logging config
+            lg.disabled = False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -227,6 +227,7 @@ def _key_settings(tmp_path) -> dict[str, dict[str, str]]:
 def test_a_bad_control_key_setting_is_one_line_before_any_engine(tmp_path, monkeypatch, capsys, setting, command):
     """The engine refused such a setting only after it started, as a traceback (the key is read by the check's
     first control call); now it is bad input, found before anything starts."""
+    import skyrl_glm.check.matrix as matrix
     import skyrl_glm.check.runner as runner
     from skyrl_glm.cli import main
     from skyrl_glm.sync.vllm import control
@@ -236,7 +237,9 @@ def test_a_bad_control_key_setting_is_one_line_before_any_engine(tmp_path, monke
         monkeypatch.delenv(name, raising=False)
     for name, value in _key_settings(tmp_path)[setting].items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(runner, "prepare", lambda *a, **k: pytest.fail("the check started"))
+    # both names, patched and put back: check-matrix holds its own reference to runner.prepare
+    for module in (runner, matrix):
+        monkeypatch.setattr(module, "prepare", lambda *a, **k: pytest.fail("the check started"))
     assert main(command) == 2
     err = capsys.readouterr().err.strip()
     name = control.KEY_DIR_ENV if setting.startswith("dir") else control.KEY_ENV
