@@ -9,6 +9,7 @@ import os
 import shutil
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,10 +167,9 @@ def test_gpu_verify_refuses_a_bad_kv_cache_size_before_anything(tmp_path: Path) 
     assert not (tmp_path / "out").exists()  # nothing made or run
 
 
-def test_gpu_verify_variants_add_their_overrides(tmp_path: Path) -> None:
-    """``STEP@VARIANT@...`` adds each variant's overrides to the step's SkyRL run, which is kept under its own name;
-    an unknown variant is the step's error. A stand-in ``skyrl-glm`` on PATH prints the arguments it was given
-    (the plumbing is under test here, not SkyRL's loop)."""
+def _gpu_verify_with_stand_in(tmp_path: Path, lane: str) -> tuple[Any, Path]:
+    """``scripts/gpu-verify LANE`` with a stand-in ``skyrl-glm`` on PATH that prints the arguments it was given (the
+    plumbing is under test, not SkyRL's loop): the finished process and its ``$OUT``."""
     import subprocess
 
     bin_dir = tmp_path / "bin"
@@ -178,13 +178,14 @@ def test_gpu_verify_variants_add_their_overrides(tmp_path: Path) -> None:
     (bin_dir / "skyrl-glm").chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "GPU_BUDGET_S": "30", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu-verify"), "train_glm53@noprefix@dense,train_glm45@nope"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    script = str(ROOT / "scripts" / "gpu-verify")
+    return subprocess.run(["bash", script, lane], capture_output=True, text=True, env=env, timeout=60), out
+
+
+def test_gpu_verify_variants_add_their_overrides(tmp_path: Path) -> None:
+    """``STEP@VARIANT@...`` adds each variant's overrides to the step's SkyRL run, which is kept under its own name;
+    an unknown variant is the step's error."""
+    done, out = _gpu_verify_with_stand_in(tmp_path, "train_glm53@noprefix@dense,train_glm45@nope")
     assert "train_glm53@noprefix@dense: exit 0 in " in done.stdout, done.stdout
     assert "  train_glm45@nope: error: unknown variant nope" in done.stdout
     with tarfile.open(out / "results.tar.gz") as tar:
@@ -296,18 +297,8 @@ def test_a_part_missing_from_the_sums_is_named(device, capsys) -> None:
 def test_gpu_verify_seed_steps_lr_and_fault_at_step_variants(tmp_path: Path) -> None:
     """The canary's and the in-training faults' lanes: ``@seedN``, ``@stepsN``, ``@lrX`` and ``@fault_NAME_atK``
     (one variant, two overrides: the fault with its dashes back, and its step), each run under its own name."""
-    import subprocess
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "skyrl-glm").write_text('#!/bin/sh\necho "args: $*"\n')
-    (bin_dir / "skyrl-glm").chmod(0o755)
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "GPU_BUDGET_S": "30", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     lane = "canary_memory@seed2@steps16@lr5e-2@wide,train_glm53@fault_drop_shared_experts_at3"
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu-verify"), lane], capture_output=True, text=True, env=env, timeout=60
-    )
+    done, out = _gpu_verify_with_stand_in(tmp_path, lane)
     assert "train_glm53@fault_drop_shared_experts_at3: exit 0 in " in done.stdout, done.stdout
     with tarfile.open(out / "results.tar.gz") as tar:
         canary = tar.extractfile("logs/canary_memory@seed2@steps16@lr5e-2@wide.log").read().decode()  # type: ignore[union-attr]
