@@ -117,3 +117,28 @@ def test_kv_cache_size_takes_gib_and_refuses_the_rest() -> None:
     for bad in ("0", "-1", "2000", "nan", "two"):
         with pytest.raises(ValueError, match="SKYRL_GLM_KV_CACHE_GIB"):
             kv_cache_bytes(bad)
+
+
+def test_a_megatron_worker_supplies_the_defaults_before_bridge_reads_the_config(tmp_path) -> None:
+    """The mixin SkyRL's Megatron workers get runs before the worker's own ``init_model`` (where Bridge reads the
+    config), and reads no path itself (a hub id has no config.json on the host yet)."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    from skyrl_glm.skyrl.megatron import CheckpointDefaults
+
+    class Worker:  # stands in for SkyRL's worker: what Bridge's GLM-5 bridge reads
+        def init_model(self, model_path, *args, **kwargs):
+            return AutoConfig.from_pretrained(model_path).indexer_rope_interleave
+
+    config_class = CONFIG_MAPPING[GLM5.hf_model_type]
+    shipped = set(vars(config_class))
+    model = make_tiny(GLM5, tmp_path / "m")
+    path = model / "config.json"
+    config = json.loads(path.read_text())
+    del config["indexer_rope_interleave"]
+    path.write_text(json.dumps(config))
+    try:
+        assert type("W", (CheckpointDefaults, Worker), {})().init_model(str(model)) is True
+    finally:  # the class as transformers ships it, for the tests after this one
+        for name in set(vars(config_class)) - shipped:
+            delattr(config_class, name)

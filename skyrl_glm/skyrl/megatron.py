@@ -143,17 +143,16 @@ def _peak_bytes(device: torch.device) -> int | None:
 
 
 class CheckpointDefaults:
-    """Mixed in before each SkyRL Megatron worker: the model family's config defaults are supplied in the worker's
+    """Mixed in before each SkyRL Megatron worker: the model families' config defaults are supplied in the worker's
     process before Megatron-Bridge reads the checkpoint's config (a GLM-5.3 checkpoint saved by transformers lacks
     ``indexer_rope_interleave``, which Bridge's GLM-5 bridge reads bare: :meth:`ModelFamily.supply_defaults`)."""
 
     def init_model(self, model_path: str, *args: Any, **kwargs: Any) -> Any:
-        from skyrl_glm.checkpoint import read_config
         from skyrl_glm.plugins import registry
 
-        model_type = read_config(model_path).get("model_type")
-        family = next((f for f in registry().models.values() if f.hf_model_type == model_type), None)
-        if family is not None:
+        # Every family's, whatever the checkpoint: class-level values touch only configs that lack the field, and
+        # the path may be a hub id with no config.json on this host yet.
+        for family in registry().models.values():
             family.supply_defaults()
         return super().init_model(model_path, *args, **kwargs)  # type: ignore[misc]
 
