@@ -14,16 +14,12 @@ Read from SkyRL 0.4.0's source and a CPU run of its loop (2026-11-30).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
-import sys
 import types
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from skyrl_glm.skyrl.after_import import after_import
 from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding
 
 SETUP_HOOK = f"{__name__}.install"
@@ -113,40 +109,6 @@ def ray_init_kwargs(env_vars: dict[str, str]) -> dict[str, Any]:
 
 
 # -- runtime patches -------------------------------------------------------------------------------
-
-_AFTER_IMPORT: dict[str, list[Callable[[types.ModuleType], None]]] = {}
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs the registered patches of a module right after the module executes (first import only)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _AFTER_IMPORT:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        run_module = loader.exec_module
-
-        def exec_module(module: types.ModuleType) -> None:
-            run_module(module)
-            for patch in _AFTER_IMPORT.pop(fullname, []):
-                patch(module)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def _after_import(module_name: str) -> Callable[[Callable[[types.ModuleType], None]], Callable[..., None]]:
-    def register(patch: Callable[[types.ModuleType], None]) -> Callable[..., None]:
-        if module_name in sys.modules:
-            patch(sys.modules[module_name])
-        else:
-            _AFTER_IMPORT.setdefault(module_name, []).append(patch)
-        return patch
-
-    return register
 
 
 def _cuda_missing(torch: types.ModuleType) -> bool:
@@ -241,9 +203,8 @@ def install() -> None:
     _installed = True
     os.environ.update(runtime_env_vars())
     provide_bert_padding()
-    sys.meta_path.insert(0, _AfterImport())
-    _after_import("torch")(_patch_torch)
-    _after_import("torch.distributed")(_patch_distributed)
-    _after_import("torch.distributed.device_mesh")(_patch_device_mesh)
-    _after_import("skyrl.backends.skyrl_train.inference_servers.setup")(_patch_engine_placement)
-    _after_import("skyrl.backends.skyrl_train.distributed.fsdp_utils")(_patch_fsdp_utils)
+    after_import("torch", _patch_torch)
+    after_import("torch.distributed", _patch_distributed)
+    after_import("torch.distributed.device_mesh", _patch_device_mesh)
+    after_import("skyrl.backends.skyrl_train.inference_servers.setup", _patch_engine_placement)
+    after_import("skyrl.backends.skyrl_train.distributed.fsdp_utils", _patch_fsdp_utils)

@@ -26,9 +26,14 @@ import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
+from skyrl_glm.skyrl import bridge_compat
 from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
 from skyrl_glm.sync.dedup import PART, Dedup, DedupMemo, Part, StreamReader, deduplicate
 from skyrl_glm.sync.nogc import paused_gc
+
+# Before SkyRL's Megatron worker is imported: in a Ray actor, unpickling the worker class imports this module (its
+# first base) before SkyRL's, whose model wrapper imports the names the compatibility module supplies.
+bridge_compat.install()
 
 # The exporter's duplicates held at once while the stream is deduplicated (a gather per name hands out copies).
 EXPORT_SLICE_BYTES = 256 << 20

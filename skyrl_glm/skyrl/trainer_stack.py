@@ -2,10 +2,10 @@
 Transformer Engine and Megatron-Bridge inside its Ray actor, where a missing or broken package surfaces minutes
 later as an actor's traceback. Here it is one line naming the package or the name (``skyrl-glm train`` exits 2).
 
-SkyRL 0.4.0's Megatron worker imports names from Megatron-Bridge that no Bridge release has (0.6.2, the newest on
-the package index, lacks ``peft.utils.enable_expert_parallel_grad_sync_in_finalize``; SkyRL installs Bridge from
-its repository): :func:`bridge_api_problem` reads SkyRL's own import statements and finds each name in the
-installed Bridge's source, without importing either (Bridge's import needs CUDA)."""
+SkyRL 0.4.0's Megatron worker imports names from Megatron-Bridge's repository that no Bridge release has:
+:func:`bridge_api_problem` reads SkyRL's own import statements and finds each name in the installed Bridge's source
+or among the names :mod:`~skyrl_glm.skyrl.bridge_compat` supplies, without importing either (Bridge's import needs
+CUDA)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import ast
 import importlib
 import importlib.util
 from pathlib import Path
+
+from skyrl_glm.skyrl.bridge_compat import BRIDGE_PEFT_UTILS, SUPPLIED
 
 # (module SkyRL's Megatron worker imports, the distribution that provides it)
 MEGATRON_STACK = (
@@ -51,8 +53,9 @@ def _defined(source: Path) -> set[str]:
 
 
 def bridge_api_problem(skyrl_dir: Path, bridge_dir: Path) -> str | None:
-    """The first name SkyRL's Megatron modules import at module level from ``megatron.bridge`` that the Bridge
-    installed at ``bridge_dir`` does not define, as one line; None when every one is there."""
+    """The first name SkyRL's Megatron modules import at module level from ``megatron.bridge`` that neither the
+    Bridge installed at ``bridge_dir`` defines nor the compatibility module supplies, as one line; None when every
+    one is there."""
     for folder in SKYRL_MEGATRON:
         for path in sorted((skyrl_dir / folder).glob("*.py")):
             for node in ast.parse(path.read_text()).body:
@@ -63,6 +66,8 @@ def bridge_api_problem(skyrl_dir: Path, bridge_dir: Path) -> str | None:
                 if not source.is_file():
                     source = bridge_dir.joinpath(*parts, "__init__.py")
                 have = _defined(source) if source.is_file() else set()
+                if node.module == BRIDGE_PEFT_UTILS:
+                    have |= set(SUPPLIED)
                 for alias in node.names:
                     if alias.name not in have:
                         return (
