@@ -75,6 +75,24 @@ def test_parts_past_100_join_in_numeric_order(kit, monkeypatch: pytest.MonkeyPat
     _same_tree(tree, tmp_path / "device" / "stack")
 
 
+def test_split_cuts_the_parts_again_and_plan_refuses_a_call_over_the_limit(kit, monkeypatch, capsys) -> None:
+    """The checkout travels with every call: when it grows, a part that fitted no longer does. ``plan`` names it;
+    ``split`` re-cuts the same archive (its digest checked) into smaller parts that unpack to the same tree."""
+    module, tree, tmp_path = kit
+    shutil.copy(ROOT / ".gitignore", module.KIT / "zstandard-0.25.0-py3-none-any.whl")  # the boot wheel's place
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "checkout_bytes", lambda: 2048)
+    monkeypatch.setattr(module, "CALL_BYTES", 4096 + 1024)
+    with pytest.raises(module.KitError, match="exceed a call's"):
+        module.plan()
+    before = len(module.parts(module.KIT))
+    monkeypatch.setattr(module, "PART_BYTES", 2048)
+    module.resplit()
+    assert len(module.parts(module.KIT)) > before and "device calls" in capsys.readouterr().out
+    assert module.unpack_all(module.KIT, tmp_path / "device", module.verify(module.KIT)) == ["stack"]
+    _same_tree(tree, tmp_path / "device" / "stack")
+
+
 def test_corrupt_part_is_named(kit) -> None:
     module, _, _ = kit
     victim = module.KIT / module.parts(module.KIT)[1]
