@@ -11,8 +11,8 @@ import pytest
 from skyrl_glm.check.algorithm import CheckConfig
 from skyrl_glm.check.faults import EXPECTED_FAILURE, FAULT_TABLE, FAULTS, NO_FAULT, inject
 from skyrl_glm.cli import build_parser
-from skyrl_glm.skyrl.config import ConfigError
-from skyrl_glm.skyrl.recipes import load_config
+from skyrl_glm.skyrl.config.recipes import load_config
+from skyrl_glm.skyrl.config.sections import ConfigError
 
 
 def test_skyrl_section_cli_and_library_share_the_defaults() -> None:

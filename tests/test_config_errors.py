@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from skyrl_glm.cli import main
-from skyrl_glm.skyrl.recipes import MAX_BASE_DEPTH
+from skyrl_glm.skyrl.config.recipes import MAX_BASE_DEPTH
 
 TINY = "tiny_cpu_grpo"
 

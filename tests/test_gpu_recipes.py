@@ -9,9 +9,9 @@ import ray
 from omegaconf import OmegaConf
 
 from skyrl_glm.cli import main
-from skyrl_glm.skyrl.config import ConfigError, resolved_transport
-from skyrl_glm.skyrl.hardware import local_gpu_problem
-from skyrl_glm.skyrl.recipes import load_config, resolve_recipe
+from skyrl_glm.skyrl.config.hardware import local_gpu_problem
+from skyrl_glm.skyrl.config.recipes import load_config, resolve_recipe
+from skyrl_glm.skyrl.config.sections import ConfigError, resolved_transport
 
 GPU_RECIPES = ("tiny_gpu_grpo", "canary_gpu")
 

@@ -135,7 +135,7 @@ def test_a_sync_core_import_of_the_engine_or_the_glue_fails_the_rule():
     # The rule can fail: a sync-core module with the imports it must not have, function-level and type-only too.
     bad = ast.parse(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from skyrl_glm.skyrl.publish import SkyRLServers\n"
+        "if TYPE_CHECKING:\n    from skyrl_glm.skyrl.workers.publish import SkyRLServers\n"
         "def f():\n    import vllm\n    from ..vllm import engine\n"
         "    from skyrl.train.trainer import RayPPOTrainer\n"
         "    from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases\n"
@@ -144,8 +144,8 @@ def test_a_sync_core_import_of_the_engine_or_the_glue_fails_the_rule():
     assert sync_core_violations(known) == [
         "skyrl_glm.sync.transports.fake (the sync core) imports skyrl.train.trainer",
         "skyrl_glm.sync.transports.fake (the sync core) imports skyrl.train.trainer.RayPPOTrainer",
-        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.skyrl.publish",
-        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.skyrl.publish.SkyRLServers",
+        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.skyrl.workers.publish",
+        "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.skyrl.workers.publish.SkyRLServers",
         "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.sync.vllm",
         "skyrl_glm.sync.transports.fake (the sync core) imports skyrl_glm.sync.vllm.engine",
         "skyrl_glm.sync.transports.fake (the sync core) imports vllm",
@@ -179,17 +179,19 @@ def test_a_dapo_or_check_import_of_the_glue_fails_the_rule():
     # too); a dapo command module reading the glue's step table is a door and allowed.
     known = {
         **modules(),
-        "skyrl_glm.dapo.fake": ast.parse("from skyrl_glm.skyrl.summary import RunSummary\n"),
+        "skyrl_glm.dapo.fake": ast.parse("from skyrl_glm.skyrl.run.summary import RunSummary\n"),
         "skyrl_glm.check.fake": ast.parse(
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..skyrl import vllm_extension\n"
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..skyrl.workers import vllm_extension\n"
         ),
-        "skyrl_glm.dapo.fake_cli": ast.parse("def main():\n    from skyrl_glm.skyrl.step_table import read_summary\n"),
+        "skyrl_glm.dapo.fake_cli": ast.parse(
+            "def main():\n    from skyrl_glm.skyrl.run.step_table import read_summary\n"
+        ),
     }
     assert below_the_glue_violations(known) == [
-        "skyrl_glm.check.fake (skyrl_glm.check) imports skyrl_glm.skyrl",
-        "skyrl_glm.check.fake (skyrl_glm.check) imports skyrl_glm.skyrl.vllm_extension",
-        "skyrl_glm.dapo.fake (skyrl_glm.dapo) imports skyrl_glm.skyrl.summary",
-        "skyrl_glm.dapo.fake (skyrl_glm.dapo) imports skyrl_glm.skyrl.summary.RunSummary",
+        "skyrl_glm.check.fake (skyrl_glm.check) imports skyrl_glm.skyrl.workers",
+        "skyrl_glm.check.fake (skyrl_glm.check) imports skyrl_glm.skyrl.workers.vllm_extension",
+        "skyrl_glm.dapo.fake (skyrl_glm.dapo) imports skyrl_glm.skyrl.run.summary",
+        "skyrl_glm.dapo.fake (skyrl_glm.dapo) imports skyrl_glm.skyrl.run.summary.RunSummary",
     ]
 
 
@@ -215,7 +217,7 @@ def test_only_the_bench_imports_the_experiments():
 def test_the_walk_sees_the_doors_and_the_domain_commands():
     assert {"skyrl_glm.cli", "skyrl_glm.train"} <= top_level_commands()
     assert {"skyrl_glm.skyrl.cli", "skyrl_glm.skyrl.recipes_cli", "skyrl_glm.dapo.cli"} <= set(domain_commands())
-    assert "skyrl_glm.skyrl.run" in imports("skyrl_glm.train")  # function-level imports count
+    assert "skyrl_glm.skyrl.run.launch" in imports("skyrl_glm.train")  # function-level imports count
     assert "skyrl_glm.skyrl.cli" in imports("skyrl_glm.cli")  # `from skyrl_glm.skyrl import cli` names the module
 
 

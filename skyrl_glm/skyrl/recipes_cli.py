@@ -19,8 +19,8 @@ from skyrl_glm.usage import PROG, print_error
 if TYPE_CHECKING:
     from skyrl.train.config import PlacementConfig
 
-    from skyrl_glm.skyrl.config import GlmTrainConfig
-    from skyrl_glm.skyrl.hardware import HardwareConfig
+    from skyrl_glm.skyrl.config.hardware import HardwareConfig
+    from skyrl_glm.skyrl.config.sections import GlmTrainConfig
 
 console = Console(width=140, soft_wrap=True)
 
@@ -46,7 +46,7 @@ def _quiet(args: argparse.Namespace | None) -> None:
 
 
 def _config_errors() -> tuple[type[Exception], ...]:
-    from skyrl_glm.skyrl.config import ConfigError
+    from skyrl_glm.skyrl.config.sections import ConfigError
 
     return (ConfigError,)
 
@@ -54,9 +54,9 @@ def _config_errors() -> tuple[type[Exception], ...]:
 def _load(recipe: str, overrides: list[str], runnable: bool = True) -> GlmTrainConfig:
     """The recipe's config; ``runnable``: also what a run needs of this machine's environment (a multi-node run's
     shared key directory), as ``recipes validate`` and ``train --dry-run`` check and ``recipes list`` does not."""
-    from skyrl_glm.skyrl.config import ConfigError
-    from skyrl_glm.skyrl.key_placement import key_problem
-    from skyrl_glm.skyrl.recipes import load_config  # also layout vs hardware, sampler-safe targets
+    from skyrl_glm.skyrl.config.key_placement import key_problem
+    from skyrl_glm.skyrl.config.recipes import load_config  # also layout vs hardware, sampler-safe targets
+    from skyrl_glm.skyrl.config.sections import ConfigError
 
     cfg = load_config(recipe, overrides)
     if runnable and (problem := key_problem(cfg.trainer, cfg.generator.inference_engine)):
@@ -78,7 +78,7 @@ def summary_sentence(path: Path) -> str:
 
 
 def _hardware_line(cfg: GlmTrainConfig) -> str:
-    from skyrl_glm.skyrl.hardware import gpu_needs
+    from skyrl_glm.skyrl.config.hardware import gpu_needs
 
     hw = cfg.skyrl_glm.hardware
     needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
@@ -111,7 +111,7 @@ def _layout_line(cfg: GlmTrainConfig) -> str:
         f"{e.num_engines} x {e.backend} (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size} x DP "
         f"{e.data_parallel_size}, EP {e.expert_parallel_size})"
     )
-    from skyrl_glm.skyrl.placement import sync_transports
+    from skyrl_glm.skyrl.config.placement import sync_transports
 
     lora = t.policy.model.lora
     sync = f"{cfg.skyrl_glm.sync.mode} sync via {sync_transports(cfg.skyrl_glm, t.placement)}"
@@ -124,7 +124,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     _quiet(args)
     from rich.table import Table
 
-    from skyrl_glm.skyrl.recipes import packaged_recipes, resolve_recipe
+    from skyrl_glm.skyrl.config.recipes import packaged_recipes, resolve_recipe
 
     table = Table(title="packaged recipes (skyrl-glm recipes show NAME)")
     for col in ("name", "model", "hardware", "what"):
@@ -144,7 +144,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from skyrl_glm.skyrl.recipes import resolve_recipe
+    from skyrl_glm.skyrl.config.recipes import resolve_recipe
 
     try:
         path = resolve_recipe(args.recipe)
@@ -192,7 +192,7 @@ def dry_run(
     """``skyrl-glm train RECIPE [k=v ...] --dry-run``: what would run (model, hardware, layout, steps, sync and
     check, data, outputs) and the launch commands; with ``show_config`` the full resolved config first. Nothing is
     started (no Ray, no engine, no model load). Every summary line is a YAML comment, so the output stays YAML."""
-    from skyrl_glm.skyrl.recipes import config_yaml
+    from skyrl_glm.skyrl.config.recipes import config_yaml
 
     _quiet(args)
     try:
@@ -218,7 +218,7 @@ def dry_run(
     for key, value in lines:
         console.print(f"[bold]# {key}:[/] {value}", highlight=False)
     if glm.sync.mode == "memory":
-        from skyrl_glm.skyrl.placement import placement_lines
+        from skyrl_glm.skyrl.config.placement import placement_lines
 
         console.print("[bold]# per node (trainer ranks; engines: transport and sender of their LoRA sync):[/]")
         for line in placement_lines(t, cfg.generator.inference_engine, glm):

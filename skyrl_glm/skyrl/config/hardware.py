@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from skyrl.train.config import InferenceEngineConfig, TrainerConfig
 
-    from skyrl_glm.skyrl.config import GlmTrainConfig
+    from skyrl_glm.skyrl.config.sections import GlmTrainConfig
 
 
 @dataclass

@@ -28,14 +28,14 @@ from skyrl_glm.check.algorithm import run_check as run_five_steps
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.dapo.report import dumped_eval_metrics
-from skyrl_glm.skyrl.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
-from skyrl_glm.skyrl.config import GlmSection, colocated_gpu
-from skyrl_glm.skyrl.mismatch_log import generation_kl
-from skyrl_glm.skyrl.overlong import shape_rewards
-from skyrl_glm.skyrl.publish import one_server
-from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
-from skyrl_glm.skyrl.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
-from skyrl_glm.skyrl.worker_sync import WorkerSync
+from skyrl_glm.skyrl.config.overlong import shape_rewards
+from skyrl_glm.skyrl.config.sections import GlmSection, colocated_gpu
+from skyrl_glm.skyrl.run.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
+from skyrl_glm.skyrl.run.mismatch_log import generation_kl
+from skyrl_glm.skyrl.run.run_log import PROGRESS_LOGGER
+from skyrl_glm.skyrl.run.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
+from skyrl_glm.skyrl.workers.publish import one_server
+from skyrl_glm.skyrl.workers.worker_sync import WorkerSync
 
 log = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS_LOGGER)  # one line per sync on the terminal of `skyrl-glm train`

@@ -4,7 +4,8 @@ The typed config of a run is SkyRL's ``SkyRLTrainConfig`` (built with SkyRL's ``
 checks stay) plus a top-level ``skyrl_glm`` section (:class:`GlmSection`: ``sync``, ``check``, ``overlong``,
 ``hardware``, ``cpu``). Each section checks its own values as it is built; a component takes the section it
 needs (torchtitan's habit), and :class:`GlmTrainConfig` names the whole config where a check crosses sections.
-Recipes are read by :mod:`skyrl_glm.skyrl.recipes`, and checked as a whole by :mod:`skyrl_glm.skyrl.validation`.
+Recipes are read by :mod:`skyrl_glm.skyrl.config.recipes`, and checked as a whole by
+:mod:`skyrl_glm.skyrl.config.validation`.
 
 No ``from __future__ import annotations`` here: SkyRL's ``build_nested_dataclass`` reads ``field.type`` to find
 nested dataclasses, which must therefore be real classes, not strings.
@@ -30,9 +31,9 @@ from skyrl_glm.check.algorithm import MAX_PROB_TOL, MAX_SCALE, MAX_TOLERANCE, Ch
 from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
 from skyrl_glm.check.probes import DECODE_TOKENS, NUM_PROBES, PROBE_LENGTH, PROMPT_LENGTH
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.hardware import HardwareConfig
-from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
-from skyrl_glm.skyrl.routes import AUTO, ROUTE_FAULTS, local_transport
+from skyrl_glm.skyrl.config.hardware import HardwareConfig
+from skyrl_glm.skyrl.config.overlong import OverlongPenaltyConfig
+from skyrl_glm.skyrl.workers.routes import AUTO, ROUTE_FAULTS, local_transport
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, LayoutError, check_layout
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 from skyrl_glm.usage import UsageError
@@ -84,7 +85,7 @@ class SyncSection:
     """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries
     (``no-publish``, ``double-scale``, ``wrong-target``, ``drop-experts``, ``drop-shared-experts``): from the start,
     every sync after the first is broken (the check before step 1 must stop the run); or one of the routing faults
-    (``remote-same-host``, ``skip-remote``: :data:`skyrl_glm.skyrl.routes.ROUTE_FAULTS`)."""
+    (``remote-same-host``, ``skip-remote``: :data:`skyrl_glm.skyrl.workers.routes.ROUTE_FAULTS`)."""
     fault_at_step: int = 0
     """Start ``fault`` at training step k instead (0: from the start): the syncs after step k, k+1, ... are
     broken, the earlier ones intact, so the agree check after the sync that follows step k must stop the run."""
@@ -187,7 +188,8 @@ class GlmSection:
     overlong: OverlongPenaltyConfig = field(default_factory=OverlongPenaltyConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cpu: bool = False
-    """Run SkyRL's loop on CPU (logical Ray GPUs, CUDA assumptions lifted: skyrl_glm.skyrl.cpu). Never implicit."""
+    """Run SkyRL's loop on CPU (logical Ray GPUs, CUDA assumptions lifted: skyrl_glm.skyrl.compat.cpu).
+    Never implicit."""
 
 
 def make_glm_config(
@@ -222,7 +224,7 @@ def colocated_gpu(glm: GlmSection, placement: PlacementConfig) -> bool:
 def resolved_transport(glm: GlmSection, placement: PlacementConfig) -> str:
     """``skyrl_glm.sync.transport`` for the engines on the trainer's sending node, ``auto`` resolved: CUDA IPC when
     colocated on GPUs, shared memory otherwise (CPU mode included). Engines on other nodes take the collective
-    transport under ``auto`` (:mod:`skyrl_glm.skyrl.routes`, per engine once the run knows where each runs)."""
+    transport under ``auto`` (:mod:`skyrl_glm.skyrl.workers.routes`, per engine once the run knows where each runs)."""
     return local_transport(glm.sync.transport, colocated_gpu(glm, placement))
 
 
