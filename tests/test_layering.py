@@ -183,9 +183,7 @@ def test_a_dapo_or_check_import_of_the_glue_fails_the_rule():
         "skyrl_glm.check.fake": ast.parse(
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..skyrl.workers import vllm_extension\n"
         ),
-        "skyrl_glm.dapo.fake_cli": ast.parse(
-            "def main():\n    from skyrl_glm.skyrl.run.step_table import read_summary\n"
-        ),
+        "skyrl_glm.dapo.fake_cli": ast.parse("def main():\n    from skyrl_glm.canary.curves import read_summary\n"),
     }
     assert below_the_glue_violations(known) == [
         "skyrl_glm.check.fake (skyrl_glm.check) imports skyrl_glm.skyrl.workers",

@@ -7,7 +7,6 @@ check_live.py      the check's trainer, sampler and publisher on the live run
 summary.py         RunSummary: what a run did, written as skyrl_glm_summary.json
 step_log.py        each step's reward and timers into the summary (a SkyRL callback)
 mismatch_log.py    each step's trainer/sampler mismatch into the summary (a SkyRL callback)
-step_table.py      the per-step table and reward PNG from run summaries
 run_log.py         everything to a log file, progress lines to the terminal
 ports.py           each run's own vLLM server and router ports
 """

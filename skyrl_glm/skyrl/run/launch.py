@@ -128,7 +128,7 @@ def report_summary(log_path: str, summary: RunSummary) -> Path:
     import importlib.util
     import json
 
-    from skyrl_glm.skyrl.run.step_table import REWARD_PNG, SUMMARY_FILE, plot_rewards
+    from skyrl_glm.canary.curves import REWARD_PNG, SUMMARY_FILE, plot_rewards
 
     log = logging.getLogger("skyrl_glm.train")
     log.info(
@@ -181,7 +181,7 @@ def closing_lines(
     """Where the run's outputs are: the summary JSON, the export directory, the logs, the report command."""
     import shlex
 
-    from skyrl_glm.skyrl.run.step_table import REWARD_PNG
+    from skyrl_glm.canary.curves import REWARD_PNG
 
     verdict = "off" if summary.check is None else ("PASS" if summary.check.passed else "FAIL")
     agreed = sum(a.passed for a in summary.agree)
@@ -275,7 +275,7 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
     if summary.steps:
         from rich.console import Console
 
-        from skyrl_glm.skyrl.run.step_table import print_step_table
+        from skyrl_glm.canary.curves import print_step_table
 
         print_step_table(summary.to_json(), Console(width=140, soft_wrap=True))
     for line in closing_lines(cfg.trainer, summary, summary_file, log_file, time.perf_counter() - t0):
