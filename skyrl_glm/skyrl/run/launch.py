@@ -305,7 +305,9 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         engine = cfg.generator.inference_engine
         if problem := missing_data(cfg.data) or key_problem(cfg.trainer, engine) or setting_problem(makes_its_own=True):
             raise ConfigError(problem)
-        if not os.environ.get("RAY_ADDRESS") and (problem := visible_gpu_problem(cfg)):
+        if not os.environ.get("RAY_ADDRESS") and (
+            problem := visible_gpu_problem(cfg.trainer, engine, cpu=cfg.skyrl_glm.cpu)
+        ):
             raise ConfigError(problem)  # before Ray starts: it would wait forever for GPUs that are not here
     except (ConfigError, ValueError, AssertionError) as e:
         return print_error(f"{PROG} train", str(e).splitlines()[0] if str(e) else type(e).__name__)
