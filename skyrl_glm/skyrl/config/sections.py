@@ -11,6 +11,7 @@ No ``from __future__ import annotations`` here: SkyRL's ``build_nested_dataclass
 nested dataclasses, which must therefore be real classes, not strings.
 """
 
+import dataclasses
 import math
 import typing
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from skyrl.train.config import (
     make_config,
 )
 
-from skyrl_glm.check.algorithm import MAX_PROB_TOL, MAX_SCALE, MAX_TOLERANCE, CheckConfig
+from skyrl_glm.check.algorithm import CheckConfig
 from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
 from skyrl_glm.check.probes import DECODE_TOKENS, NUM_PROBES, PROBE_LENGTH, PROMPT_LENGTH
 from skyrl_glm.plugins import registry
@@ -45,6 +46,11 @@ MAX_BUCKET_MB = 1 << 16  # 64 GiB: far above any adapter's unique bytes (full GL
 MAX_PROBES = 256
 MAX_PROBE_LENGTH = 8192
 MAX_DECODE_TOKENS = 1024
+
+
+# The check's settings a run states, in its recipe as on ``skyrl-glm check``'s command line: every field of the
+# check's record except the adapter version it starts at, which each run sets from its own syncs.
+CHECK_SETTINGS = tuple(f.name for f in dataclasses.fields(CheckConfig) if f.name != "first_version")
 
 
 class ConfigError(UsageError):
@@ -136,7 +142,8 @@ class CheckSection:
     probe_length: int = PROBE_LENGTH
     prompt_length: int = PROMPT_LENGTH
     decode_tokens: int = DECODE_TOKENS
-    # The check's own settings, with the defaults of the one record the CLI and the library use (CheckConfig).
+    # The check's own settings (CHECK_SETTINGS), with the defaults of the one record the CLI and the library use
+    # (CheckConfig, which also bounds them); tests/test_check_settings.py holds these fields to it.
     seed: int = CheckConfig.seed
     mean_tol: float = CheckConfig.mean_tol
     prob_tol: float = CheckConfig.prob_tol
@@ -145,6 +152,8 @@ class CheckSection:
     scale: float = CheckConfig.scale
     """Perturbation of the trainer's LoRA B in step 2 (added to every element)."""
     decode: bool = CheckConfig.decode
+    group_margin: float = CheckConfig.group_margin
+    """Leaving out any one target group must move the trainer by more than this times ``mean_tol`` (0: off)."""
 
     def __post_init__(self) -> None:
         _choice("skyrl_glm.check.on_failure", self.on_failure, _literal_values(CheckSection, "on_failure"))
@@ -153,30 +162,18 @@ class CheckSection:
         _bounded("skyrl_glm.check.probe_length", self.probe_length, 2, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.prompt_length", self.prompt_length, 1, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.decode_tokens", self.decode_tokens, 1, MAX_DECODE_TOKENS)
-        for name in ("mean_tol", "repeat_tol"):  # a bound: finite, >= 0, not one that passes anything
-            _bounded(f"skyrl_glm.check.{name}", getattr(self, name), 0, MAX_TOLERANCE)
-        _bounded("skyrl_glm.check.prob_tol", self.prob_tol, 0, MAX_PROB_TOL)
-        if not 0 < self.scale <= MAX_SCALE:  # step 3 needs a perturbation the sampler can miss (NaN fails too)
-            raise ConfigError(f"skyrl_glm.check.scale: must be > 0 and <= {MAX_SCALE:g}, got {self.scale}")
         if self.prompt_length >= self.probe_length:
             raise ConfigError(
                 f"skyrl_glm.check.prompt_length: must be < probe_length ({self.probe_length}), got {self.prompt_length}"
             )
-        try:
+        try:  # the check's bounds, checked once, by the check's own record
             self.check_config()
         except UsageError as e:
             raise ConfigError(f"skyrl_glm.check.{e}") from None
 
     def check_config(self) -> CheckConfig:
-        """The algorithm's settings from this section."""
-        return CheckConfig(
-            mean_tol=self.mean_tol,
-            prob_tol=self.prob_tol,
-            repeat_tol=self.repeat_tol,
-            scale=self.scale,
-            seed=self.seed,
-            decode=self.decode,
-        )
+        """The algorithm's settings from this section: every field of :data:`CHECK_SETTINGS`."""
+        return CheckConfig(**{name: getattr(self, name) for name in CHECK_SETTINGS})
 
 
 @dataclass
