@@ -52,17 +52,17 @@ def test_every_setting_of_the_check_is_a_recipe_key_and_an_option_alike() -> Non
     [
         (
             "skyrl_glm.check.mean_tol=-1",
-            r"^tiny_cpu_grpo: skyrl_glm\.check\.mean_tol must be a number in 0\.\.10, got -1",
+            r"^command line: skyrl_glm\.check\.mean_tol: must be a number in 0\.\.10, got -1",
         ),
         (
             "skyrl_glm.check.repeat_tol=-0.5",
-            r"^tiny_cpu_grpo: skyrl_glm\.check\.repeat_tol must be a number in 0\.\.10, got -0\.5",
+            r"^command line: skyrl_glm\.check\.repeat_tol: must be a number in 0\.\.10, got -0\.5",
         ),
         (
             "skyrl_glm.check.group_margin=11",
-            r"^tiny_cpu_grpo: skyrl_glm\.check\.group_margin must be a number in 0\.\.10, got 11",
+            r"^command line: skyrl_glm\.check\.group_margin: must be a number in 0\.\.10, got 11",
         ),
-        ("skyrl_glm.check.scale=0", r"^tiny_cpu_grpo: skyrl_glm\.check\.scale must be a number > 0 and <= 10, got 0"),
+        ("skyrl_glm.check.scale=0", r"^command line: skyrl_glm\.check\.scale: must be a number > 0 and <= 10, got 0"),
     ],
 )
 def test_a_bound_the_algorithm_refuses_is_refused_at_load(override: str, message: str) -> None:

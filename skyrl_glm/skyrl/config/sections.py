@@ -168,8 +168,9 @@ class CheckSection:
             )
         try:  # the check's bounds, checked once, by the check's own record
             self.check_config()
-        except UsageError as e:
-            raise ConfigError(f"skyrl_glm.check.{e}") from None
+        except UsageError as e:  # "<field> must be ...", named with the section's key
+            name, _, problem = str(e).partition(" ")
+            raise ConfigError(f"skyrl_glm.check.{name}: {problem}") from None
 
     def check_config(self) -> CheckConfig:
         """The algorithm's settings from this section: every field of :data:`CHECK_SETTINGS`."""
