@@ -57,7 +57,7 @@ SEAMS: tuple[Seam, ...] = (
         "_middlewares",
         "assigned",
         AIOHTTP,
-        "skyrl_glm/skyrl/signed_client.py",
+        "skyrl_glm/skyrl/workers/signed_client.py",
         "the middlewares a session runs on every request: SkyRL's generate client opens its own sessions, so its "
         "requests are signed by adding one to each session it opens",
     ),
@@ -77,7 +77,7 @@ SEAMS: tuple[Seam, ...] = (
         "_call_all_servers",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/publish.py",
+        "skyrl_glm/skyrl/workers/publish.py",
         "posts /collective_rpc to every vLLM server: the client has no public fan-out (SkyRL's own "
         "set_lora_receive_target uses this one)",
     ),
@@ -86,7 +86,7 @@ SEAMS: tuple[Seam, ...] = (
         "_reset_prefix_cache_task",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/worker_sync.py",
+        "skyrl_glm/skyrl/workers/worker_sync.py",
         "the in-memory sync resets vLLM's prefix cache exactly as SkyRL's broadcast_to_inference_engines does",
     ),
     Seam(
@@ -94,7 +94,7 @@ SEAMS: tuple[Seam, ...] = (
         "_resolve_lora_sync_target",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/worker_sync.py",
+        "skyrl_glm/skyrl/workers/worker_sync.py",
         "the served LoRA name for a model id, so our sync updates the adapter SkyRL's generator samples from",
     ),
     Seam(
@@ -102,7 +102,7 @@ SEAMS: tuple[Seam, ...] = (
         "_weight_sync_inference_client",
         "assigned",
         SKYRL,
-        "skyrl_glm/skyrl/worker_sync.py",
+        "skyrl_glm/skyrl/workers/worker_sync.py",
         "set when SkyRL's weight-transfer rendezvous is skipped: SkyRL's later syncs read the client from it",
     ),
     Seam(
@@ -110,7 +110,7 @@ SEAMS: tuple[Seam, ...] = (
         "_weight_sync_engine",
         "assigned",
         SKYRL,
-        "skyrl_glm/skyrl/worker_sync.py",
+        "skyrl_glm/skyrl/workers/worker_sync.py",
         "set to None when the rendezvous is skipped, as SkyRL leaves it when no transfer engine is built",
     ),
     Seam(
@@ -118,7 +118,7 @@ SEAMS: tuple[Seam, ...] = (
         "_is_lora",
         "assigned",
         SKYRL,
-        "skyrl_glm/skyrl/worker_sync.py, skyrl_glm/skyrl/fsdp.py",
+        "skyrl_glm/skyrl/workers/worker_sync.py, skyrl_glm/skyrl/workers/fsdp.py",
         "whether the FSDP policy trains a LoRA adapter: only then does the in-memory sync replace SkyRL's",
     ),
     Seam(
@@ -126,7 +126,7 @@ SEAMS: tuple[Seam, ...] = (
         "_convert_moe_experts_lora_to_vllm",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/megatron.py",
+        "skyrl_glm/skyrl/workers/megatron.py",
         "rewrites Megatron's fused-expert LoRA into vLLM's layout, the conversion SkyRL's own memory sync applies",
     ),
     Seam(
@@ -134,7 +134,7 @@ SEAMS: tuple[Seam, ...] = (
         "_setup_trainer",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/trainer.py",
+        "skyrl_glm/skyrl/run/trainer.py",
         "hands its hard-coded worker classes to build_models, where GlmPPOTrainer puts the registry's in",
     ),
     # -- torch --------------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ SEAMS: tuple[Seam, ...] = (
         "_fsdp_wrapped_module",
         "literal",
         TORCH,
-        "skyrl_glm/skyrl/fsdp.py",
+        "skyrl_glm/skyrl/workers/fsdp.py",
         "the PEFT model under an FSDP1 wrapper, to read its adapter config (FSDP2 wraps nothing)",
     ),
     # -- vLLM ---------------------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ SEAMS: tuple[Seam, ...] = (
         "_DEFAULT_PROMETHEUS_PORT",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/ports.py",
+        "skyrl_glm/skyrl/run/ports.py",
         "every router's metrics exporter starts at this port; two runs on one host must not share it",
     ),
     Seam(
@@ -259,7 +259,7 @@ SEAMS: tuple[Seam, ...] = (
         "_call_server",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/sync_group.py",
+        "skyrl_glm/skyrl/workers/sync_group.py",
         "posts the group join to one server with its own rank offset (the fan-out sends one payload to all)",
     ),
     # -- added with the GPU recipes and the per-step figures ---------------------------------------------
@@ -268,7 +268,7 @@ SEAMS: tuple[Seam, ...] = (
         "_save_lora_adapters_and_sync",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/fsdp.py",
+        "skyrl_glm/skyrl/workers/fsdp.py",
         "SkyRL's own LoRA file sync (skyrl_glm.sync.mode=disk), wrapped to time its save and vLLM's load of the file",
     ),
     Seam(
@@ -276,7 +276,7 @@ SEAMS: tuple[Seam, ...] = (
         "pad_input",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/flash_attn_stub.py",
+        "skyrl_glm/skyrl/compat/flash_attn_stub.py",
         "imported from flash_attn.bert_padding at module level even with trainer.flash_attn=false: the stand-in "
         "provides it where flash-attn is missing",
     ),
@@ -285,7 +285,7 @@ SEAMS: tuple[Seam, ...] = (
         "unpad_input",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/flash_attn_stub.py",
+        "skyrl_glm/skyrl/compat/flash_attn_stub.py",
         "the other name model_wrapper imports from flash_attn.bert_padding; the stand-in provides it too",
     ),
     Seam(
@@ -293,7 +293,7 @@ SEAMS: tuple[Seam, ...] = (
         "_private",
         "attribute",
         "ray 2.57.0",
-        "skyrl_glm/skyrl/sync_group.py",
+        "skyrl_glm/skyrl/workers/sync_group.py",
         "the node address the sync group's rendezvous binds to, as SkyRL's own weight-transfer init reads it",
     ),
     # -- public names patched -----------------------------------------------------------------------------
@@ -302,7 +302,7 @@ SEAMS: tuple[Seam, ...] = (
         "__init__",
         "patched",
         SKYRL,
-        "skyrl_glm/skyrl/signed_client.py",
+        "skyrl_glm/skyrl/workers/signed_client.py",
         "the weight-sync client's session signs every request it sends with the run's key",
     ),
     Seam(
@@ -310,7 +310,7 @@ SEAMS: tuple[Seam, ...] = (
         "_get_session",
         "patched",
         SKYRL,
-        "skyrl_glm/skyrl/signed_client.py",
+        "skyrl_glm/skyrl/workers/signed_client.py",
         "each session the generate client opens gets the signing middleware (its control calls ride on it)",
     ),
     Seam(
@@ -346,7 +346,7 @@ SEAMS: tuple[Seam, ...] = (
         "pd_disaggregation",
         "added",
         "vllm-router 0.1.17",
-        "skyrl_glm/skyrl/experiment.py",
+        "skyrl_glm/skyrl/run/experiment.py",
         "SkyRL 0.4 reads it once the router is up; the newest vllm-router on PyPI has none: defaulted to False",
     ),
     Seam(
@@ -354,7 +354,7 @@ SEAMS: tuple[Seam, ...] = (
         "save_weights_for_sampler",
         "patched",
         SKYRL,
-        "skyrl_glm/skyrl/trainer.py",
+        "skyrl_glm/skyrl/run/trainer.py",
         "on the trainer's dispatch instance: every sync SkyRL's loop makes then runs the handoff check",
     ),
     Seam(
@@ -362,7 +362,7 @@ SEAMS: tuple[Seam, ...] = (
         "LoraConfig",
         "patched",
         SKYRL,
-        "skyrl_glm/skyrl/fsdp.py",
+        "skyrl_glm/skyrl/workers/fsdp.py",
         "the FSDP worker's PEFT config: a registered family's routed-expert targets go to target_parameters "
         "(transformers 5 keeps routed experts fused, which PEFT reaches only as parameters)",
     ),
@@ -371,16 +371,16 @@ SEAMS: tuple[Seam, ...] = (
         "set_device",
         "patched",
         TORCH,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         "CPU mode: SkyRL's FSDP strategy and worker call it, and it raises without CUDA",
     ),
-    Seam("torch.cuda", "synchronize", "patched", TORCH, "skyrl_glm/skyrl/cpu.py", "CPU mode: as set_device"),
+    Seam("torch.cuda", "synchronize", "patched", TORCH, "skyrl_glm/skyrl/compat/cpu.py", "CPU mode: as set_device"),
     Seam(
         "torch.cuda",
         "current_device",
         "patched",
         TORCH,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         "CPU mode: SkyRL's worker and FSDP utils put tensors on torch.cuda.current_device()",
     ),
     Seam(
@@ -388,7 +388,7 @@ SEAMS: tuple[Seam, ...] = (
         "cuda",
         "patched",
         TORCH,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         "CPU mode: SkyRL's FSDP utils move buffers with .cuda()",
     ),
     Seam(
@@ -396,7 +396,7 @@ SEAMS: tuple[Seam, ...] = (
         "init_process_group",
         "patched",
         TORCH,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         "CPU mode: SkyRL's worker asks for cpu:gloo,cuda:nccl, and NCCL refuses to start without GPUs: gloo",
     ),
     Seam(
@@ -404,7 +404,7 @@ SEAMS: tuple[Seam, ...] = (
         "init_device_mesh",
         "patched",
         TORCH,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         'CPU mode: SkyRL\'s worker and FSDP utils build a "cuda" mesh',
     ),
     Seam(
@@ -412,7 +412,7 @@ SEAMS: tuple[Seam, ...] = (
         "_sync_non_persistent_buffers",
         "patched",
         SKYRL,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         "CPU mode with more than one policy rank: ranks other than 0 receive rank 0's non-persistent buffers into "
         'device="cuda" tensors; the same broadcast into CPU tensors',
     ),
@@ -421,7 +421,7 @@ SEAMS: tuple[Seam, ...] = (
         "_non_persistent_buffers_set",
         "literal",
         TORCH,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         "the CPU copy of SkyRL's buffer broadcast reads which buffers are non-persistent, as SkyRL's does",
     ),
     Seam(
@@ -429,7 +429,7 @@ SEAMS: tuple[Seam, ...] = (
         "_buffers",
         "literal",
         TORCH,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         "the CPU copy of SkyRL's buffer broadcast reads and replaces a module's buffers, as SkyRL's does",
     ),
     Seam(
@@ -437,7 +437,7 @@ SEAMS: tuple[Seam, ...] = (
         "ray_placement_group",
         "patched",
         SKYRL,
-        "skyrl_glm/skyrl/cpu.py",
+        "skyrl_glm/skyrl/compat/cpu.py",
         "CPU mode: the engines' own placement group is PACKed onto one node; SPREAD gives one engine per node, as "
         "the colocated multi-node recipes place them",
     ),
@@ -446,7 +446,7 @@ SEAMS: tuple[Seam, ...] = (
         "_generate_client",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/publish.py",
+        "skyrl_glm/skyrl/workers/publish.py",
         "a private dataclass field (with _world_size, _gen_sem, _detok_sem, _sem_loop) reset in a one-server copy "
         "of the client, so the copy opens its own session and counts its own world size",
     ),
@@ -455,7 +455,7 @@ SEAMS: tuple[Seam, ...] = (
         "_world_size",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/publish.py",
+        "skyrl_glm/skyrl/workers/publish.py",
         "reset in a one-server copy of the client (its cached world size is the whole deployment's)",
     ),
     Seam(
@@ -463,7 +463,7 @@ SEAMS: tuple[Seam, ...] = (
         "_gen_sem",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/publish.py",
+        "skyrl_glm/skyrl/workers/publish.py",
         "reset in a one-server copy of the client (semaphores bound to the original's loop)",
     ),
     Seam(
@@ -471,7 +471,7 @@ SEAMS: tuple[Seam, ...] = (
         "_detok_sem",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/publish.py",
+        "skyrl_glm/skyrl/workers/publish.py",
         "reset in a one-server copy of the client (as _gen_sem)",
     ),
     Seam(
@@ -479,7 +479,7 @@ SEAMS: tuple[Seam, ...] = (
         "_sem_loop",
         "attribute",
         SKYRL,
-        "skyrl_glm/skyrl/publish.py",
+        "skyrl_glm/skyrl/workers/publish.py",
         "reset in a one-server copy of the client (as _gen_sem)",
     ),
 )

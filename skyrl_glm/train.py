@@ -4,7 +4,7 @@
     python -m skyrl.train.entrypoints.main_base trainer.override_entrypoint=skyrl_glm.train [key=value ...]
 
 SkyRL's ``main_base`` imports the module an override entrypoint names and calls its ``main()``; the run itself is
-:func:`skyrl_glm.skyrl.run.run_command` (the same as ``skyrl-glm train``).
+:func:`skyrl_glm.skyrl.run.launch.run_command` (the same as ``skyrl-glm train``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     from skyrl.env_vars import SKYRL_DUMP_INFRA_LOG_TO_STDOUT as verbose
 
     from skyrl_glm import quiet
-    from skyrl_glm.skyrl.run import run_command
+    from skyrl_glm.skyrl.run.launch import run_command
 
     engine_log = quiet.configure(verbose)
     code = run_command(sys.argv[1:] if argv is None else argv, verbose)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_glm.skyrl import bridge_compat
+from skyrl_glm.skyrl.compat import bridge_compat
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_install_after_bridge_was_imported_patches_it_at_once(stand_in_bridge):
 def test_the_pre_ray_check_counts_supplied_names_and_still_names_others(tmp_path):
     """SkyRL's real model wrapper against a Bridge whose ``peft/utils.py`` lacks both names (as 0.6.2): accepted;
     a name the compatibility module does not supply is still the one line."""
-    from skyrl_glm.skyrl.trainer_stack import SKYRL_MEGATRON, bridge_api_problem
+    from skyrl_glm.skyrl.compat.trainer_stack import SKYRL_MEGATRON, bridge_api_problem
 
     real = Path(next(iter(importlib.util.find_spec("skyrl").submodule_search_locations)))
     skyrl = tmp_path / "skyrl"

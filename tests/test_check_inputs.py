@@ -182,7 +182,7 @@ def test_a_sharded_checkpoint_missing_a_shard_is_refused(glm45_dir, tmp_path):
 def test_restoring_a_lora_b_backup_never_taken_is_a_no_op_not_a_new_error():
     """The check's ``finally`` restores LoRA B; when the check stopped before its perturbation (a bad config, a
     failed first publish), there is no backup, and the restore must not raise over the real error."""
-    from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
+    from skyrl_glm.skyrl.workers.worker_sync import GlmSyncMixin
 
     class Worker(GlmSyncMixin):
         def __init__(self) -> None:

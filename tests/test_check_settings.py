@@ -4,15 +4,17 @@ table of faults for the check and the SkyRL section."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 
 import pytest
 
 from skyrl_glm.check.algorithm import CheckConfig
 from skyrl_glm.check.faults import EXPECTED_FAILURE, FAULT_TABLE, FAULTS, NO_FAULT, inject
 from skyrl_glm.cli import build_parser
-from skyrl_glm.skyrl.config import ConfigError
-from skyrl_glm.skyrl.recipes import load_config
+from skyrl_glm.skyrl.config.recipes import load_config
+from skyrl_glm.skyrl.config.sections import CHECK_SETTINGS, CheckSection, ConfigError
 
 
 def test_skyrl_section_cli_and_library_share_the_defaults() -> None:
@@ -28,11 +30,39 @@ def test_the_section_builds_the_algorithms_settings_from_its_keys() -> None:
     assert section.check_config() == CheckConfig(mean_tol=0.001, prob_tol=0.01, scale=0.2, decode=False)
 
 
+def test_every_setting_of_the_check_is_a_recipe_key_and_an_option_alike() -> None:
+    # The section's check keys are the record's fields (same names, types and defaults), and `skyrl-glm check`
+    # has an option for each (decode as --no-decode); a field added to the record fails here until both have it.
+    section_hints, record_hints = typing.get_type_hints(CheckSection), typing.get_type_hints(CheckConfig)
+    record = {f.name: f.default for f in dataclasses.fields(CheckConfig)}
+    section = {f.name: f.default for f in dataclasses.fields(CheckSection)}
+    assert set(CHECK_SETTINGS) == set(record) - {"first_version"}
+    for name in CHECK_SETTINGS:
+        assert section[name] == record[name] and section_hints[name] == record_hints[name], name
+    cli = vars(build_parser().parse_args(["check"]))
+    assert {"no_decode" if name == "decode" else name for name in CHECK_SETTINGS} <= set(cli)
+    overrides = ["skyrl_glm.check.group_margin=0", "skyrl_glm.check.seed=5"]
+    assert load_config("tiny_cpu_grpo", overrides).skyrl_glm.check.check_config() == CheckConfig(
+        mean_tol=0.001, prob_tol=0.01, group_margin=0.0, seed=5
+    )
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("skyrl_glm.check.mean_tol=-1", r"skyrl_glm\.check\.mean_tol\b.*must be in 0\.\.10\.0, got -1"),
-        ("skyrl_glm.check.repeat_tol=-0.5", r"skyrl_glm\.check\.repeat_tol\b.*must be in 0\.\.10\.0, got -0\.5"),
+        (
+            "skyrl_glm.check.mean_tol=-1",
+            r"^command line: skyrl_glm\.check\.mean_tol: must be a number in 0\.\.10, got -1",
+        ),
+        (
+            "skyrl_glm.check.repeat_tol=-0.5",
+            r"^command line: skyrl_glm\.check\.repeat_tol: must be a number in 0\.\.10, got -0\.5",
+        ),
+        (
+            "skyrl_glm.check.group_margin=11",
+            r"^command line: skyrl_glm\.check\.group_margin: must be a number in 0\.\.10, got 11",
+        ),
+        ("skyrl_glm.check.scale=0", r"^command line: skyrl_glm\.check\.scale: must be a number > 0 and <= 10, got 0"),
     ],
 )
 def test_a_bound_the_algorithm_refuses_is_refused_at_load(override: str, message: str) -> None:

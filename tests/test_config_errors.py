@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from skyrl_glm.cli import main
-from skyrl_glm.skyrl.recipes import MAX_BASE_DEPTH
+from skyrl_glm.skyrl.config.recipes import MAX_BASE_DEPTH
 
 TINY = "tiny_cpu_grpo"
 
@@ -69,11 +69,12 @@ def test_recipes_show_of_a_non_utf8_file_is_one_line(capsys, tmp_path):
         ("skyrl_glm.check.prob_tol=-.inf", "skyrl_glm.check.prob_tol: expected a finite number"),
         ("skyrl_glm.sync.bucket_mb=17592186044416", "skyrl_glm.sync.bucket_mb: must be in 1..65536"),
         ("skyrl_glm.sync.transport=ipc", "skyrl_glm.sync.transport: ipc moves CUDA memory"),
-        ("skyrl_glm.check.scale=0", "skyrl_glm.check.scale: must be > 0 and <= 10"),
-        ("skyrl_glm.check.scale=-1", "skyrl_glm.check.scale: must be > 0 and <= 10"),
-        ("skyrl_glm.check.mean_tol=-1", "skyrl_glm.check.mean_tol: must be in 0..10"),
-        ("skyrl_glm.check.mean_tol=1e30", "skyrl_glm.check.mean_tol: must be in 0..10"),  # a check that cannot fail
-        ("skyrl_glm.check.prob_tol=1.5", "skyrl_glm.check.prob_tol: must be in 0..1.0"),  # |dp| <= 1 always
+        ("skyrl_glm.check.scale=0", "skyrl_glm.check.scale: must be a number > 0 and <= 10"),
+        ("skyrl_glm.check.scale=-1", "skyrl_glm.check.scale: must be a number > 0 and <= 10"),
+        ("skyrl_glm.check.mean_tol=-1", "skyrl_glm.check.mean_tol: must be a number in 0..10"),
+        # a bound that passes anything
+        ("skyrl_glm.check.mean_tol=1e30", "skyrl_glm.check.mean_tol: must be a number in 0..10"),
+        ("skyrl_glm.check.prob_tol=1.5", "skyrl_glm.check.prob_tol: must be a number in 0..1"),  # |dp| <= 1 always
         ("skyrl_glm.check.num_probes=100000", "skyrl_glm.check.num_probes: must be in 1..256"),
         ("skyrl_glm.check.probe_length=1000000", "skyrl_glm.check.probe_length: must be in 2..8192"),
         ("skyrl_glm.check.decode_tokens=100000", "skyrl_glm.check.decode_tokens: must be in 1..1024"),

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import torch
 
-from skyrl_glm.skyrl import signed_client
-from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION, SkyRLGlmWorkerExtension
+from skyrl_glm.skyrl.workers import signed_client
+from skyrl_glm.skyrl.workers.vllm_extension import WORKER_EXTENSION, SkyRLGlmWorkerExtension
 from skyrl_glm.sync.vllm import control, route_guard
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -142,8 +142,8 @@ def _trainer_rpc(url: str, method: str, args: list[Any]) -> tuple[int, Any]:
 
 
 def _publish(url: str, trainer: Any, version: int, seed: int) -> Any:
-    from skyrl_glm.skyrl.publish import SkyRLServers
-    from skyrl_glm.skyrl.routes import Route
+    from skyrl_glm.skyrl.workers.publish import SkyRLServers
+    from skyrl_glm.skyrl.workers.routes import Route
     from skyrl_glm.sync.publisher import InMemoryPublisher
     from skyrl_glm.sync.transports.fanout import FanOut
     from skyrl_glm.sync.transports.shm import SharedMemoryTransport

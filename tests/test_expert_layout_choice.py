@@ -10,8 +10,8 @@ import pytest
 from skyrl_glm.cli import main
 from skyrl_glm.models.vllm_targets import vllm_engine_kwargs
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.recipes import load_config
-from skyrl_glm.skyrl.summary import RunSummary
+from skyrl_glm.skyrl.config.recipes import load_config
+from skyrl_glm.skyrl.run.summary import RunSummary
 from skyrl_glm.sync import expert_layout as layouts
 
 TINY = "tiny_cpu_grpo"
@@ -37,7 +37,7 @@ def test_nothing_changes_for_a_user_who_sets_nothing() -> None:
 
 
 def test_the_recipes_say_which_layout_they_get() -> None:
-    from skyrl_glm.skyrl.recipes import packaged_recipes, resolve_recipe
+    from skyrl_glm.skyrl.config.recipes import packaged_recipes, resolve_recipe
 
     def states_layout(name: str) -> bool:  # in the recipe itself or in the recipe it is based on
         text = resolve_recipe(name).read_text()
@@ -64,7 +64,7 @@ def test_a_shared_or_grouped_layout_is_accepted_for_megatron_with_its_expert_ada
     """share_expert_adapters trains one adapter per EP rank: a layout of G groups serves it where EP divides G."""
     ep_key = "trainer.policy.megatron_config.expert_model_parallel_size"
     cfg = load_config(GLM53, [f"skyrl_glm.sync.expert_layout={layout}", f"{ep_key}={ep}"])
-    from skyrl_glm.skyrl.validation import check_consistency
+    from skyrl_glm.skyrl.config.validation import check_consistency
 
     check_consistency(cfg.skyrl_glm, cfg.trainer)  # raises ConfigError when refused
     assert RunSummary("memory", cfg.skyrl_glm.sync.expert_layout).to_json()["expert_layout"] == layout

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from skyrl_glm.skyrl import flash_attn_stub
+from skyrl_glm.skyrl.compat import flash_attn_stub
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_skyrl_fsdp_worker_imports_without_flash_attn_outside_cpu_mode() -> None
     # skyrl-glm's FSDP worker module (what a GPU run's Ray worker imports to rebuild the actor) puts it in place
     # without CPU mode: torch.cuda is left alone.
     code = (
-        "import torch; real = torch.cuda.current_device; import skyrl_glm.skyrl.fsdp;"
+        "import torch; real = torch.cuda.current_device; import skyrl_glm.skyrl.workers.fsdp;"
         " from flash_attn.bert_padding import pad_input; import skyrl.backends.skyrl_train.workers.model_wrapper as m;"
         " print(m.pad_input is pad_input, torch.cuda.current_device is real)"
     )
@@ -58,7 +58,7 @@ def test_an_installed_flash_attn_is_left_alone(tmp_path: Path) -> None:
     (real / "__init__.py").write_text("WHO = 'installed'\n")
     (real / "bert_padding" / "__init__.py").write_text("def pad_input(*a):\n    return 'installed'\n")
     code = (
-        "from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding; print(provide_bert_padding());"
+        "from skyrl_glm.skyrl.compat.flash_attn_stub import provide_bert_padding; print(provide_bert_padding());"
         " import flash_attn; print(flash_attn.WHO)"
     )
     proc = _python(code, tmp_path)

@@ -12,7 +12,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from skyrl.backends.skyrl_train.distributed.fsdp_utils import collect_lora_params
 
-from skyrl_glm.skyrl.fsdp import lora_state_where_it_lives
+from skyrl_glm.skyrl.workers.fsdp import lora_state_where_it_lives
 
 
 def _peft(device: str) -> torch.nn.Module:

@@ -9,9 +9,9 @@ import ray
 from omegaconf import OmegaConf
 
 from skyrl_glm.cli import main
-from skyrl_glm.skyrl.config import ConfigError, resolved_transport
-from skyrl_glm.skyrl.hardware import local_gpu_problem
-from skyrl_glm.skyrl.recipes import load_config, resolve_recipe
+from skyrl_glm.skyrl.config.hardware import local_gpu_problem
+from skyrl_glm.skyrl.config.recipes import load_config, resolve_recipe
+from skyrl_glm.skyrl.config.sections import ConfigError, resolved_transport
 
 GPU_RECIPES = ("tiny_gpu_grpo", "canary_gpu")
 
@@ -85,10 +85,20 @@ def test_disk_sync_of_routed_experts_is_refused() -> None:
     assert load_config("tiny_gpu_grpo", ["skyrl_glm.sync.mode=disk", dense]).skyrl_glm.sync.mode == "disk"
 
 
+def _local_problem(cfg, cuda_available: bool, device_count: int) -> str | None:
+    return local_gpu_problem(
+        cfg.trainer,
+        cfg.generator.inference_engine,
+        cpu=cfg.skyrl_glm.cpu,
+        cuda_available=cuda_available,
+        device_count=device_count,
+    )
+
+
 def test_local_gpu_problem_names_what_is_missing() -> None:
     cfg = load_config("tiny_gpu_grpo")
-    assert "no CUDA GPU is visible here" in (local_gpu_problem(cfg, False, 0) or "")
-    assert local_gpu_problem(cfg, True, 1) is None
+    assert "no CUDA GPU is visible here" in (_local_problem(cfg, False, 0) or "")
+    assert _local_problem(cfg, True, 1) is None
     two = load_config("tiny_gpu_grpo", ["trainer.placement.colocate_all=false", "skyrl_glm.hardware.gpus_per_node=2"])
-    assert "needs 2 GPUs (1 trainer + 1 sampler) but 1 are visible here" in (local_gpu_problem(two, True, 1) or "")
-    assert local_gpu_problem(load_config("tiny_cpu_grpo"), False, 0) is None  # CPU mode: logical GPUs
+    assert "needs 2 GPUs (1 trainer + 1 sampler) but 1 are visible here" in (_local_problem(two, True, 1) or "")
+    assert _local_problem(load_config("tiny_cpu_grpo"), False, 0) is None  # CPU mode: logical GPUs

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from skyrl.train.utils.callbacks import CallbackHandler, CallbackInput, TrainingControl
 
-from skyrl_glm.skyrl.mismatch_log import MismatchMetrics
-from skyrl_glm.skyrl.summary import RunSummary
+from skyrl_glm.skyrl.run.mismatch_log import MismatchMetrics
+from skyrl_glm.skyrl.run.summary import RunSummary
 
 
 def _log(handler: CallbackHandler, trainer, step: int, logs: dict) -> None:
@@ -57,8 +57,8 @@ def test_generation_kl_is_k3_over_the_sampled_tokens_and_zero_only_when_the_side
 
     import torch
 
-    from skyrl_glm.skyrl.mismatch_log import generation_kl
-    from skyrl_glm.skyrl.summary import GEN_KL
+    from skyrl_glm.skyrl.run.mismatch_log import generation_kl
+    from skyrl_glm.skyrl.run.summary import GEN_KL
 
     sampler = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -9.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig, apply_overlong_penalty, overlong_penalty
+from skyrl_glm.skyrl.config.overlong import OverlongPenaltyConfig, apply_overlong_penalty, overlong_penalty
 
 CAP, BUF = 8192, 4096
 
@@ -60,10 +60,10 @@ def test_apply_refuses_bad_input():
 
 TRAINER_PROBE = """
 import json, sys
-from skyrl_glm.skyrl import cpu
+from skyrl_glm.skyrl.compat import cpu
 cpu.install()  # SkyRL's trainer module imports flash_attn: the CPU-mode shim provides it (this process only)
-from skyrl_glm.skyrl.recipes import load_config
-from skyrl_glm.skyrl.trainer import GlmPPOTrainer
+from skyrl_glm.skyrl.config.recipes import load_config
+from skyrl_glm.skyrl.run.trainer import GlmPPOTrainer
 lengths, outcomes = [3, 6, 8, 8], [1.0, 1.0, 1.0, -1.0]
 sequence = outcomes
 tokens = [[0.0] * (n - 1) + [r] for n, r in zip(lengths, outcomes)]  # what the agent-loop generator returns

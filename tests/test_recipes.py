@@ -11,8 +11,8 @@ from skyrl.train.utils.utils import validate_cfg
 
 from skyrl_glm.cli import main
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.config import ConfigError, resolved_transport
-from skyrl_glm.skyrl.recipes import load_config, packaged_recipes
+from skyrl_glm.skyrl.config.recipes import load_config, packaged_recipes
+from skyrl_glm.skyrl.config.sections import ConfigError, resolved_transport
 from skyrl_glm.skyrl.recipes_cli import dry_run
 from skyrl_glm.sync.vllm.control import KEY_DIR_ENV
 
@@ -105,7 +105,7 @@ def _recipe_yaml(name: str) -> dict:
     """The recipe's own YAML merged over its bases' (what the files state, before SkyRL's defaults)."""
     from omegaconf import OmegaConf
 
-    from skyrl_glm.skyrl.recipes import resolve_recipe
+    from skyrl_glm.skyrl.config.recipes import resolve_recipe
 
     path = resolve_recipe(name)
     own = yaml.safe_load(path.read_text())
@@ -275,7 +275,7 @@ def test_cli_bad_input_one_line_exit_2(argv, capsys):
 
 
 def test_train_refuses_a_target_the_sampler_ignores_before_starting_anything(capsys):
-    from skyrl_glm.skyrl.run import run_command
+    from skyrl_glm.skyrl.run.launch import run_command
 
     bad = "trainer.policy.model.lora.target_modules=[linear_proj,linear_kv_up_proj]"
     assert run_command(["glm53_flash_dapo_math_2node", bad]) == 2

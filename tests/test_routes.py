@@ -1,4 +1,4 @@
-"""Each engine's transport from where it runs (skyrl_glm.skyrl.routes): the sender's node and colocated on GPUs
+"""Each engine's transport from where it runs (skyrl_glm.skyrl.workers.routes): the sender's node and colocated on GPUs
 -> CUDA IPC, the sender's node otherwise -> shared memory, another node -> the collective transport; a transport
 that cannot cross nodes is never handed to an engine on another node. The routes SkyRL's servers get, the
 fan-out that sends one plan over several transports, and the dry run's prediction."""
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from skyrl_glm.skyrl.routes import (
+from skyrl_glm.skyrl.workers.routes import (
     ROUTE_FAULTS,
     Route,
     RouteError,
@@ -161,8 +161,8 @@ def test_a_route_is_plain_data() -> None:
 
 
 def test_the_dry_run_lays_out_each_node_of_both_multi_node_recipes() -> None:
-    from skyrl_glm.skyrl.placement import placement_lines
-    from skyrl_glm.skyrl.recipes import load_config
+    from skyrl_glm.skyrl.config.placement import placement_lines
+    from skyrl_glm.skyrl.config.recipes import load_config
 
     def lines(recipe: str, *overrides: str) -> list[str]:
         cfg = load_config(recipe, list(overrides))
@@ -189,7 +189,7 @@ def test_cpu_mode_spreads_the_engines_placement_group_over_the_nodes() -> None:
     SPREAD it, so a two-node CPU run places one engine per node as the colocated recipes do."""
     import types
 
-    from skyrl_glm.skyrl import cpu
+    from skyrl_glm.skyrl.compat import cpu
 
     asked: list[str] = []
     setup = types.SimpleNamespace(ray_placement_group=lambda bundles, strategy="PACK": asked.append(strategy))
@@ -221,7 +221,7 @@ class OneServer:
 def test_each_server_is_handed_its_own_routes_handle() -> None:
     import asyncio
 
-    from skyrl_glm.skyrl.publish import SkyRLServers
+    from skyrl_glm.skyrl.workers.publish import SkyRLServers
 
     near, far = OneServer(), OneServer()
     routes = routes_for("auto", False, ENGINES)
@@ -239,7 +239,7 @@ def test_a_refusal_on_one_engine_is_reported_and_only_the_engines_that_staged_di
     engine on node 0 drops its staged copy, and node 1 (which staged nothing) is not asked to."""
     import asyncio
 
-    from skyrl_glm.skyrl.publish import SkyRLServers
+    from skyrl_glm.skyrl.workers.publish import SkyRLServers
 
     refusal = {"ok": False, "reason": "shared-memory segment 'skyrl_glm_x' unreadable (sender gone?)"}
     near, far = OneServer(), OneServer(refusal)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from skyrl_glm.skyrl import ports
+from skyrl_glm.skyrl.run import ports
 
 
 def _engine(engines: int = 1, dp: int = 1) -> SimpleNamespace:

@@ -124,7 +124,7 @@ def test_a_megatron_worker_supplies_the_defaults_before_bridge_reads_the_config(
     config), and reads no path itself (a hub id has no config.json on the host yet)."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
-    from skyrl_glm.skyrl.megatron import CheckpointDefaults
+    from skyrl_glm.skyrl.workers.megatron import CheckpointDefaults
 
     class Worker:  # stands in for SkyRL's worker: what Bridge's GLM-5 bridge reads
         def init_model(self, model_path, *args, **kwargs):

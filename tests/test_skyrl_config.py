@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from skyrl_glm.skyrl import cpu
-from skyrl_glm.skyrl.config import ConfigError, GlmTrainConfig, SkyRLGlmConfig, make_glm_config, resolved_transport
-from skyrl_glm.skyrl.recipes import load_config, packaged_recipes
+from skyrl_glm.skyrl.compat import cpu
+from skyrl_glm.skyrl.config.recipes import load_config, packaged_recipes
+from skyrl_glm.skyrl.config.sections import (
+    ConfigError,
+    GlmTrainConfig,
+    SkyRLGlmConfig,
+    make_glm_config,
+    resolved_transport,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,7 +192,7 @@ def test_cpu_patches_apply_only_after_install_in_a_fresh_process() -> None:
     untouched = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert untouched.split() == ["current_device", "False"]
     patched_code = (
-        "from skyrl_glm.skyrl import cpu; cpu.install(); import torch, torch.distributed as dist;"
+        "from skyrl_glm.skyrl.compat import cpu; cpu.install(); import torch, torch.distributed as dist;"
         " import torch.distributed.device_mesh as dm; from flash_attn.bert_padding import pad_input;"
         " dist.init_process_group(backend='cpu:gloo,cuda:nccl', init_method='tcp://127.0.0.1:29533', rank=0,"
         " world_size=1); mesh = dm.init_device_mesh('cuda', (1,));"

@@ -31,8 +31,8 @@ from skyrl.backends.skyrl_train.distributed.megatron.megatron_utils import _conv
 from skyrl_glm.bench.synthetic import model_config
 from skyrl_glm.lora.bridge import PEFT_PREFIX, synthetic_bridge_export
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl import megatron
-from skyrl_glm.skyrl.megatron import MegatronGlmSync
+from skyrl_glm.skyrl.workers import megatron
+from skyrl_glm.skyrl.workers.megatron import MegatronGlmSync
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.receiver import AdapterReceiver, rebuild
@@ -224,7 +224,7 @@ MEMORY_PROBE = r"""
 import gc, itertools, json, sys, torch
 from skyrl_glm.bench.synthetic import model_config
 from skyrl_glm.lora.bridge import synthetic_bridge_export
-from skyrl_glm.skyrl.megatron import unique_adapter
+from skyrl_glm.skyrl.workers.megatron import unique_adapter
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.publisher import InMemoryPublisher

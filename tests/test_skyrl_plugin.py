@@ -26,7 +26,7 @@ def test_vllm_skyrl_is_the_checks_vllm_sampler_with_skyrls_worker_extension(monk
     assert seen == {
         "model_dir": Path("/m"),
         "rank": 8,
-        "skyrl_worker_extension": "skyrl_glm.skyrl.vllm_extension.SkyRLGlmWorkerExtension",
+        "skyrl_worker_extension": "skyrl_glm.skyrl.workers.vllm_extension.SkyRLGlmWorkerExtension",
         "engine": {"max_loras": 1},  # SkyRL's servers' default LoRA slots (the sampler is SkyRL's engine)
     }
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from skyrl_glm.skyrl import sync_group
-from skyrl_glm.skyrl.vllm_extension import SkyRLGlmWorkerExtension
+from skyrl_glm.skyrl.workers import sync_group
+from skyrl_glm.skyrl.workers.vllm_extension import SkyRLGlmWorkerExtension
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver
 from skyrl_glm.sync.transports.base import TransportError

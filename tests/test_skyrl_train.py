@@ -135,7 +135,7 @@ def assert_step_figures(summary: dict[str, Any], mode: str, steps: int) -> None:
 
 def assert_reward_rises(summary: dict[str, Any]) -> None:
     """The canary learned: its mean reward rose by more than run-to-run noise can explain."""
-    from skyrl_glm.skyrl.step_table import rewards, rise
+    from skyrl_glm.canary.curves import rewards, rise
 
     curve = rewards(summary)
     assert len(curve) == CANARY_STEPS, curve
@@ -283,7 +283,7 @@ def test_a_fault_started_at_step_k_is_stopped_by_the_agree_check_after_the_next_
     """The syncs before and after step 1 are intact (the check before step 1 and the agree check after step 1 pass);
     the sync after step 2 sends the adapter without the shared expert's LoRA and the agree check after it stops the
     run: within one sync of the fault, with the report."""
-    from skyrl_glm.skyrl.step_table import stop_verdict
+    from skyrl_glm.canary.curves import stop_verdict
 
     tmp_path = fault_at_step.tmp
     proc, summary = fault_at_step.result()

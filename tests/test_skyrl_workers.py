@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.megatron import MegatronGlmSync, megatron_workers
-from skyrl_glm.skyrl.publish import SkyRLServers
-from skyrl_glm.skyrl.routes import Route
+from skyrl_glm.skyrl.workers.megatron import MegatronGlmSync, megatron_workers
+from skyrl_glm.skyrl.workers.publish import SkyRLServers
+from skyrl_glm.skyrl.workers.routes import Route
 from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.transports.fanout import FanOut
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from skyrl_glm.canary.curves import rise
 from skyrl_glm.canary.env import CanaryEnv, canary_reward
 from skyrl_glm.cli import main
-from skyrl_glm.skyrl.step_log import StepMetrics
-from skyrl_glm.skyrl.step_table import rise
-from skyrl_glm.skyrl.summary import AgreeRecord, RunSummary, SyncRecord
+from skyrl_glm.skyrl.run.step_log import StepMetrics
+from skyrl_glm.skyrl.run.summary import AgreeRecord, RunSummary, SyncRecord
 
 
 def _summary(fault: str = "none", rewards: tuple[float, ...] = (0.04, 0.05, 0.2, 0.3)) -> RunSummary:
@@ -203,7 +203,7 @@ def _stopped_after(step: int | None, fault: str = "none", at: int = 0) -> dict:
     ],
 )
 def test_a_runs_verdict_names_false_stops_and_faults_caught_within_one_sync(stopped, fault, at, verdict) -> None:
-    from skyrl_glm.skyrl.step_table import digest
+    from skyrl_glm.canary.curves import digest
 
     d = digest(_stopped_after(stopped, fault, at))
     assert d["verdict"] == verdict

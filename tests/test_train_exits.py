@@ -86,8 +86,8 @@ def test_a_megatron_run_without_its_stack_names_what_is_missing_before_ray_start
     """SkyRL's Megatron worker imports Transformer Engine and Megatron-Bridge inside a Ray actor, minutes in: the
     command checks them first. In process, with a module no machine has standing in for a missing package, so the
     test holds on a machine with the Megatron stack too."""
-    from skyrl_glm.skyrl import trainer_stack
-    from skyrl_glm.skyrl.run import run_command
+    from skyrl_glm.skyrl.compat import trainer_stack
+    from skyrl_glm.skyrl.run.launch import run_command
 
     monkeypatch.setattr(trainer_stack, "MEGATRON_STACK", (*trainer_stack.MEGATRON_STACK, ("no_such_te", "te-x")))
     paths = [f"trainer.{key}={tmp_path / key}" for key in ("export_path", "ckpt_path", "log_path")]
@@ -106,7 +106,7 @@ def test_skyrl_megatron_imports_are_found_in_the_installed_bridge_source(tmp_pat
     Bridge tree that defines one, then both; and SkyRL's real Megatron modules against a Bridge without them."""
     import importlib.util
 
-    from skyrl_glm.skyrl.trainer_stack import SKYRL_MEGATRON, bridge_api_problem
+    from skyrl_glm.skyrl.compat.trainer_stack import SKYRL_MEGATRON, bridge_api_problem
 
     skyrl = tmp_path / "skyrl"
     worker = skyrl / SKYRL_MEGATRON[0] / "wrapper.py"

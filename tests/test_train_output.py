@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from skyrl_glm.cli import main
-from skyrl_glm.skyrl.recipes import resolve_recipe
+from skyrl_glm.skyrl.config.recipes import resolve_recipe
 from skyrl_glm.skyrl.recipes_cli import summary_sentence
-from skyrl_glm.skyrl.run_log import PROGRESS_MARK, progress_text
+from skyrl_glm.skyrl.run.run_log import PROGRESS_MARK, progress_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ WRITER = textwrap.dedent(
     """
     import logging, os, subprocess, sys
     from pathlib import Path
-    from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER, PROGRESS_MARK, RunLog, log_to_stderr
+    from skyrl_glm.skyrl.run.run_log import PROGRESS_LOGGER, PROGRESS_MARK, RunLog, log_to_stderr
 
     log_to_stderr()
     with RunLog(Path(sys.argv[1]), verbose=sys.argv[2] == "1") as run:

@@ -10,8 +10,8 @@ import pytest
 
 from skyrl_glm import plugins
 from skyrl_glm.plugins import hookimpl
-from skyrl_glm.skyrl.config import ConfigError, resolved_transport
-from skyrl_glm.skyrl.recipes import load_config
+from skyrl_glm.skyrl.config.recipes import load_config
+from skyrl_glm.skyrl.config.sections import ConfigError, resolved_transport
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.usage import UsageError
 

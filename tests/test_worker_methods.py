@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from skyrl.backends.skyrl_train.inference_servers.new_inference_worker_wrap import NewInferenceWorkerWrap
 
-from skyrl_glm.skyrl import sync_group
-from skyrl_glm.skyrl.vllm_extension import SKYRL_KEPT, SKYRL_NARROWED, SkyRLGlmWorkerExtension
+from skyrl_glm.skyrl.workers import sync_group
+from skyrl_glm.skyrl.workers.vllm_extension import SKYRL_KEPT, SKYRL_NARROWED, SkyRLGlmWorkerExtension
 from skyrl_glm.sync.vllm import control
 from skyrl_glm.sync.vllm.control import ControlRefused, signed
 from skyrl_glm.sync.vllm.worker import CONTROL_METHODS, receiver_state

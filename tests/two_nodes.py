@@ -1,9 +1,9 @@
 """Two Ray nodes on one machine, each with an address of its own, for a multi-node run in the CPU suite.
 
 Why network namespaces: Ray names a node by its address and SkyRL's server URLs carry it, so the per-engine
-routes (``skyrl_glm.skyrl.routes``) can only be exercised with two distinct node addresses. One network namespace
-per node gives each its own address, ports and loopback; the two are joined by a veth pair and nothing else, so
-their traffic stays between them (each namespace's default route points at the other end, which forwards
+routes (``skyrl_glm.skyrl.workers.routes``) can only be exercised with two distinct node addresses. One network
+namespace per node gives each its own address, ports and loopback; the two are joined by a veth pair and nothing
+else, so their traffic stays between them (each namespace's default route points at the other end, which forwards
 nothing). Each node also gets its own PID namespace (ending the node's first process ends every process of the
 node, Ray's daemons and vLLM's engines included) and mount namespace with a private ``/dev/shm`` (where Ray keeps
 its session too): a shared-memory segment made on node 0 cannot be opened on node 1, as between two machines.

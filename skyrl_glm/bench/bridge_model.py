@@ -108,7 +108,7 @@ def exporter_problem(opts: Any) -> str | None:
         return "--exporter bridge: the model lives in the sending process; use --transport cpu"
     if not torch.cuda.is_available() or not str(opts.device or "").startswith("cuda"):
         return "--exporter bridge: Megatron-Bridge builds the model on a GPU; give --device cuda:N on a CUDA machine"
-    from skyrl_glm.skyrl.trainer_stack import trainer_stack_problem
+    from skyrl_glm.skyrl.compat.trainer_stack import trainer_stack_problem
 
     problem = trainer_stack_problem("megatron")
     return None if problem is None else f"--exporter bridge: {problem}"

@@ -16,7 +16,7 @@ registered model's full or tiny config, then moved three ways:
 the bridge's export afresh (:meth:`~skyrl_glm.bench.sides.Sender.export`, the stream ``export_adapter_weights(...,
 cpu=False)`` yields, on the sender's device, ``--copies`` for a gather per name), and the ``export`` stage is the
 time spent inside the exporter. ``ours`` is then the Megatron sync's rank 0
-(:func:`~skyrl_glm.skyrl.megatron.unique_adapter`: dedup as the stream arrives), ``skyrl`` SkyRL 0.4.0's memory
+(:func:`~skyrl_glm.skyrl.workers.megatron.unique_adapter`: dedup as the stream arrives), ``skyrl`` SkyRL 0.4.0's memory
 path (``dedupe_shared_expert_adapters`` over the same stream, then its rank-scale and alpha folds), ``disk`` its
 file path (the export gathered to the host, ``cpu=True``).
 

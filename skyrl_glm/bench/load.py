@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_glm import strict_json
+from skyrl_glm.bench.full_width import NO_ADAPTER, full_width_model, publish_to_first_request
 from skyrl_glm.check.runner import check_device
 from skyrl_glm.plugins import registry
 from skyrl_glm.provenance import provenance
 from skyrl_glm.usage import PROG, UsageError, positive_int, print_error, writable_file
-
-NO_ADAPTER = "none"  # --layouts: an engine without LoRA, the decode baseline
 
 STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("write_s", "load_s", "total_s")}
 
@@ -92,45 +91,6 @@ def run_load_bench(model: str, rounds: int, warmup: int, rank: int, device: str 
         "medians_s": {p: {k: statistics.median(r[k] for r in rows) for k in STAGES[p]} for p, rows in timed.items()},
         "runs": runs,
     }
-
-
-def full_width_model(directory: Path, layers: int) -> Path:
-    """A config-only GLM-5.3 checkpoint with its 3 dense layers and ``layers`` full-size MoE layers, with the router
-    fields vLLM needs (see :data:`skyrl_glm.models.glm5.ROUTER`); vLLM fills the weights (``load_format="dummy"``)."""
-    from skyrl_glm.bench.synthetic import model_config
-    from skyrl_glm.models.glm5 import ROUTER
-
-    _, config = model_config("glm-5.3", "full", layers)
-    config.update(ROUTER)
-    config.architectures = ["GlmMoeDsaForCausalLM"]
-    config.save_pretrained(directory)
-    return directory
-
-
-def publish_to_first_request(
-    sampler: Any, publisher: Any, adapter: Any, config: dict[str, Any], version: int, *, repeat: bool = True
-) -> tuple[Any, float, float, float | None]:
-    """One update on a GPU engine, timed to the end of the first request served on it: ``(result, seconds to the
-    end of the publish, seconds to the end of that request, seconds of the same request again)``. The repeat
-    (``repeat``; else None) runs on the adapter already active, so the first request's extra over it is what the new
-    version cost to activate (vLLM copies a new LoRA into its slots on first use); a rejected update raises."""
-    import torch
-    from vllm import SamplingParams
-
-    first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-    prompt = [{"prompt_token_ids": [1, 2, 3, 4]}]
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    result = publisher.publish(adapter, config, version)
-    if not result.ok:
-        raise RuntimeError(f"update {version} was rejected: {result.reason}")
-    t1 = time.perf_counter()
-    sampler.llm.generate(prompt, first, lora_request=sampler.adapter, use_tqdm=False)
-    t2 = time.perf_counter()
-    if not repeat:
-        return result, t1 - t0, t2 - t0, None
-    sampler.llm.generate(prompt, first, lora_request=sampler.adapter, use_tqdm=False)
-    return result, t1 - t0, t2 - t0, time.perf_counter() - t2
 
 
 def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dict[str, Any]:

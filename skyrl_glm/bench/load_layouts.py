@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from skyrl_glm.bench.load import NO_ADAPTER
+from skyrl_glm.bench.full_width import NO_ADAPTER
 from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
 
 FULL_MOE_LAYERS = 75  # GLM-5.3: 78 layers, the first 3 dense
@@ -151,7 +151,7 @@ def _updates(
     sampler: Any, adapters: dict[int, Any], rank: int, rounds: int, warmup: int, version: int
 ) -> tuple[dict, int]:
     """Per layer count: every timed update's stages (the first ``warmup`` dropped); ``version``: the last one used."""
-    from skyrl_glm.bench.load import publish_to_first_request
+    from skyrl_glm.bench.full_width import publish_to_first_request
     from skyrl_glm.lora.bridge import adapter_config
     from skyrl_glm.plugins import registry
     from skyrl_glm.sync.publisher import InMemoryPublisher
@@ -209,7 +209,7 @@ def run_layout_bench(
     decode: list[int] | None = None,
 ) -> dict[str, Any]:
     """Every layout on its own engine, every layer count on each; see the module docstring."""
-    from skyrl_glm.bench.load import full_width_model
+    from skyrl_glm.bench.full_width import full_width_model
     from skyrl_glm.plugins import registry
     from skyrl_glm.provenance import provenance
     from skyrl_glm.sync.expert_layout import expert_groups

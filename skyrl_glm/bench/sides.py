@@ -156,7 +156,7 @@ class Sender:
         return plan, {**_export_split(export, t1 - t0), "fold_s": t2 - t1, "pack_s": t3 - t2}
 
     def _plan_ours(self, version: int) -> tuple[Any, dict[str, float]]:
-        from skyrl_glm.skyrl.megatron import unique_adapter
+        from skyrl_glm.skyrl.workers.megatron import unique_adapter
         from skyrl_glm.sync.plan import build_plan
 
         adapter: Any = iter(self.public.items()) if self.public is not None else None

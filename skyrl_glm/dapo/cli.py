@@ -57,7 +57,7 @@ def _png_file(path: str | Path, inputs: list[Path]) -> Path:
 def _canary_report(args: argparse.Namespace) -> int:
     """Per-step tables of several runs, one row per run (steps, the checks' verdict, agree checks passed, reward
     first -> last, generation KL), and their curves in one PNG (e.g. memory, disk, no-publish)."""
-    from skyrl_glm.skyrl.step_table import (
+    from skyrl_glm.canary.curves import (
         plot_rewards,
         print_runs,
         print_step_table,

@@ -13,8 +13,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         from skyrl_glm.skyrl.recipes_cli import dry_run
 
-        return dry_run(args.recipe, args.overrides, args, show_config=args.show_config or args.verbose)
-    from skyrl_glm.skyrl.run import run_command
+        return dry_run(args.recipe, args.overrides, show_config=args.show_config or args.verbose)
+    from skyrl_glm.skyrl.run.launch import run_command
 
     return run_command([args.recipe, *args.overrides], verbose=args.verbose)
 

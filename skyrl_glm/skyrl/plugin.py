@@ -20,7 +20,7 @@ def vllm_skyrl_sampler(model_dir: Path, **kwargs: Any) -> Any:
     from skyrl.train.config.config import SkyRLLoraConfig
 
     from skyrl_glm.check.scorers import vllm_sampler
-    from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
+    from skyrl_glm.skyrl.workers.vllm_extension import WORKER_EXTENSION
 
     engine = {"max_loras": SkyRLLoraConfig.max_loras}
     return vllm_sampler(model_dir, skyrl_worker_extension=WORKER_EXTENSION, engine=engine, **kwargs)
@@ -33,4 +33,7 @@ def skyrl_glm_samplers() -> list[tuple[str, Ref]]:
 
 @hookimpl
 def skyrl_glm_skyrl_workers() -> list[tuple[str, Ref]]:
-    return [("fsdp", "skyrl_glm.skyrl.fsdp:fsdp_workers"), ("megatron", "skyrl_glm.skyrl.megatron:megatron_workers")]
+    return [
+        ("fsdp", "skyrl_glm.skyrl.workers.fsdp:fsdp_workers"),
+        ("megatron", "skyrl_glm.skyrl.workers.megatron:megatron_workers"),
+    ]

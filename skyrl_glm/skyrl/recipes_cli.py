@@ -1,7 +1,8 @@
 """``skyrl-glm recipes``, and what ``skyrl-glm train --dry-run`` prints.
 
-Parser building imports nothing heavy; SkyRL is imported inside the commands.
-Bad input (unknown recipe, bad key, wrong type) is one ``error:`` line and exit 2.
+Parser building imports nothing heavy; SkyRL is imported inside the commands. Quieting and bad input are
+``skyrl_glm.cli.main``'s, as for every command: a :class:`~skyrl_glm.skyrl.config.sections.ConfigError` (unknown
+recipe, bad key, wrong type) raised here is its one ``error:`` line and exit 2.
 """
 
 from __future__ import annotations
@@ -14,49 +15,25 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from skyrl_glm.usage import PROG, print_error
+from skyrl_glm.usage import UsageError
 
 if TYPE_CHECKING:
     from skyrl.train.config import PlacementConfig
 
-    from skyrl_glm.skyrl.config import GlmTrainConfig
-    from skyrl_glm.skyrl.hardware import HardwareConfig
+    from skyrl_glm.skyrl.config.hardware import HardwareConfig
+    from skyrl_glm.skyrl.config.sections import GlmTrainConfig
 
 console = Console(width=140, soft_wrap=True)
 
 RAY_PORT = 6379
 
 
-def _quiet(args: argparse.Namespace | None) -> None:
-    """Building SkyRL's config imports vLLM and SkyRL's loguru logging; keep their start-up chatter out of the
-    output unless ``-v``."""
-    if args is not None and getattr(args, "verbose", False):
-        return
-    import logging
-    import os
-    import sys
-
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    for name in ("vllm", "torch.utils.cpp_extension"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    from loguru import logger
-
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING")
-
-
-def _config_errors() -> tuple[type[Exception], ...]:
-    from skyrl_glm.skyrl.config import ConfigError
-
-    return (ConfigError,)
-
-
 def _load(recipe: str, overrides: list[str], runnable: bool = True) -> GlmTrainConfig:
     """The recipe's config; ``runnable``: also what a run needs of this machine's environment (a multi-node run's
     shared key directory), as ``recipes validate`` and ``train --dry-run`` check and ``recipes list`` does not."""
-    from skyrl_glm.skyrl.config import ConfigError
-    from skyrl_glm.skyrl.key_placement import key_problem
-    from skyrl_glm.skyrl.recipes import load_config  # also layout vs hardware, sampler-safe targets
+    from skyrl_glm.skyrl.config.key_placement import key_problem
+    from skyrl_glm.skyrl.config.recipes import load_config  # also layout vs hardware, sampler-safe targets
+    from skyrl_glm.skyrl.config.sections import ConfigError
 
     cfg = load_config(recipe, overrides)
     if runnable and (problem := key_problem(cfg.trainer, cfg.generator.inference_engine)):
@@ -78,7 +55,7 @@ def summary_sentence(path: Path) -> str:
 
 
 def _hardware_line(cfg: GlmTrainConfig) -> str:
-    from skyrl_glm.skyrl.hardware import gpu_needs
+    from skyrl_glm.skyrl.config.hardware import gpu_needs
 
     hw = cfg.skyrl_glm.hardware
     needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
@@ -111,7 +88,7 @@ def _layout_line(cfg: GlmTrainConfig) -> str:
         f"{e.num_engines} x {e.backend} (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size} x DP "
         f"{e.data_parallel_size}, EP {e.expert_parallel_size})"
     )
-    from skyrl_glm.skyrl.placement import sync_transports
+    from skyrl_glm.skyrl.config.placement import sync_transports
 
     lora = t.policy.model.lora
     sync = f"{cfg.skyrl_glm.sync.mode} sync via {sync_transports(cfg.skyrl_glm, t.placement)}"
@@ -121,10 +98,10 @@ def _layout_line(cfg: GlmTrainConfig) -> str:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    _quiet(args)
     from rich.table import Table
 
-    from skyrl_glm.skyrl.recipes import packaged_recipes, resolve_recipe
+    from skyrl_glm.skyrl.config.recipes import packaged_recipes, resolve_recipe
+    from skyrl_glm.skyrl.config.sections import ConfigError
 
     table = Table(title="packaged recipes (skyrl-glm recipes show NAME)")
     for col in ("name", "model", "hardware", "what"):
@@ -136,7 +113,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             model = cfg.trainer.policy.model.path
             hardware = _hardware_line(cfg) if model else "-"
             model = model or "(a base for other recipes)"
-        except _config_errors() as e:
+        except ConfigError as e:
             model, hardware = "-", f"does not build: {e}"
         table.add_row(name, model, hardware, summary_sentence(path))
     console.print(table)
@@ -144,26 +121,20 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from skyrl_glm.skyrl.recipes import resolve_recipe
+    from skyrl_glm.skyrl.config.recipes import resolve_recipe
 
+    path = resolve_recipe(args.recipe)
     try:
-        path = resolve_recipe(args.recipe)
         text = path.read_text(encoding="utf-8")
-    except _config_errors() as e:
-        return print_error(PROG, str(e))
     except (OSError, UnicodeDecodeError) as e:
-        return print_error(PROG, f"{args.recipe}: unreadable recipe ({e})")
+        raise UsageError(f"{args.recipe}: unreadable recipe ({e})") from None
     console.print(f"[bold]{path}[/]", highlight=False)
     print(text, end="")
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    _quiet(args)
-    try:
-        cfg = _load(args.recipe, args.overrides)
-    except _config_errors() as e:
-        return print_error(PROG, str(e))
+    cfg = _load(args.recipe, args.overrides)
     console.print(f"[green]ok[/] {args.recipe}: {cfg.trainer.policy.model.path}", highlight=False)
     console.print(f"  hardware: {_hardware_line(cfg)}", highlight=False)
     console.print(f"  layout:   {_layout_line(cfg)}", highlight=False)
@@ -186,19 +157,13 @@ def launch_commands(
     return {single: [train], f"multi-node Ray ({nodes} nodes)": multi}
 
 
-def dry_run(
-    recipe: str, overrides: list[str], args: argparse.Namespace | None = None, show_config: bool = False
-) -> int:
+def dry_run(recipe: str, overrides: list[str], show_config: bool = False) -> int:
     """``skyrl-glm train RECIPE [k=v ...] --dry-run``: what would run (model, hardware, layout, steps, sync and
     check, data, outputs) and the launch commands; with ``show_config`` the full resolved config first. Nothing is
     started (no Ray, no engine, no model load). Every summary line is a YAML comment, so the output stays YAML."""
-    from skyrl_glm.skyrl.recipes import config_yaml
+    from skyrl_glm.skyrl.config.recipes import config_yaml
 
-    _quiet(args)
-    try:
-        cfg = _load(recipe, overrides)
-    except _config_errors() as e:
-        return print_error(PROG, str(e))
+    cfg = _load(recipe, overrides)
     if show_config:
         print(config_yaml(cfg), end="")
     t, glm = cfg.trainer, cfg.skyrl_glm
@@ -218,7 +183,7 @@ def dry_run(
     for key, value in lines:
         console.print(f"[bold]# {key}:[/] {value}", highlight=False)
     if glm.sync.mode == "memory":
-        from skyrl_glm.skyrl.placement import placement_lines
+        from skyrl_glm.skyrl.config.placement import placement_lines
 
         console.print("[bold]# per node (trainer ranks; engines: transport and sender of their LoRA sync):[/]")
         for line in placement_lines(t, cfg.generator.inference_engine, glm):

@@ -1,7 +1,8 @@
 """An experiment, not on the product path: multi-rank sync, one update from EP-sharded trainer ranks to TP-sharded
 vLLM ranks, each piece sent once per receiver group.
 
-No product path calls it yet: SkyRL runs gather the adapter to one sending rank (:mod:`skyrl_glm.skyrl.megatron`).
+No product path calls it yet: SkyRL runs gather the adapter to one sending rank
+(:mod:`skyrl_glm.skyrl.workers.megatron`).
 It stays tested (``tests/test_routing.py``, in processes through :mod:`skyrl_glm.bench.routing_run`) until a
 multi-rank sender uses it; it keeps the sync core's rule (no engine code, no SkyRL glue).
 

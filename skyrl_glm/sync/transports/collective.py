@@ -4,7 +4,7 @@ NCCL between separate GPUs (the production path); the same code runs over gloo o
 broadcasts straight into slices of its private staging buffer, so nothing is copied after arrival.
 The group's own ``broadcast`` / ``allreduce`` are called (ranks are the group's), so a stateless group that is
 not in ``torch.distributed``'s world map works too: the group SkyRL's vLLM workers and the trainer's sending rank
-join (:mod:`skyrl_glm.skyrl.sync_group`) is one.
+join (:mod:`skyrl_glm.skyrl.workers.sync_group`) is one.
 """
 
 from __future__ import annotations

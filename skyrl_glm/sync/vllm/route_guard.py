@@ -12,7 +12,7 @@ or not, must carry ``X-SkyRL-GLM-Signature: <unix seconds> <nonce> <SHA-256 of t
 nonce not seen before. The header alone is checked before any byte of the body is read (the MAC covers the body's
 hash, which the body must then match); anything else is answered 401, and logged on one line in vLLM's log, before
 the route (or the engine behind it) sees a byte. ``/v1/models`` lists what is served, not the staged names behind it.
-SkyRL's own client signs every request it sends (:mod:`skyrl_glm.skyrl.signed_client`).
+SkyRL's own client signs every request it sends (:mod:`skyrl_glm.skyrl.workers.signed_client`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """A built config checked as a whole before anything starts: what no single section can see.
 
-Each section checks its own values (:mod:`skyrl_glm.skyrl.config`); here are the combinations of skyrl-glm's keys
-with SkyRL's that cannot work, SkyRL bounds SkyRL itself does not check (:mod:`~skyrl_glm.skyrl.value_ranges`),
-the recipe's promises (:mod:`~skyrl_glm.skyrl.recipe_rules`) and SkyRL's own ``validate_cfg``. Every problem is one
-:class:`~skyrl_glm.skyrl.config.ConfigError` line naming the key.
+Each section checks its own values (:mod:`skyrl_glm.skyrl.config.sections`); here are the combinations of
+skyrl-glm's keys with SkyRL's that cannot work, SkyRL bounds SkyRL itself does not check
+(:mod:`~skyrl_glm.skyrl.config.value_ranges`), the recipe's promises (:mod:`~skyrl_glm.skyrl.config.recipe_rules`)
+and SkyRL's own ``validate_cfg``. Every problem is one :class:`~skyrl_glm.skyrl.config.sections.ConfigError` line
+naming the key.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from skyrl_glm.check.faults import NO_FAULT
 from skyrl_glm.lora.experts import routed_expert_targets
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.config import (
+from skyrl_glm.skyrl.config.recipe_rules import problems as recipe_problems
+from skyrl_glm.skyrl.config.sections import (
     AUTO_TRANSPORT,
     ConfigError,
     GlmSection,
@@ -25,8 +27,7 @@ from skyrl_glm.skyrl.config import (
     SyncSection,
     resolved_transport,
 )
-from skyrl_glm.skyrl.recipe_rules import problems as recipe_problems
-from skyrl_glm.skyrl.value_ranges import range_problem
+from skyrl_glm.skyrl.config.value_ranges import range_problem
 from skyrl_glm.sync.expert_layout import (
     ENGINE_FLAGS,
     PER_EXPERT,
@@ -132,7 +133,7 @@ def _expert_layout_problem(glm: GlmSection, trainer: TrainerConfig) -> str | Non
 def _engine_layout_problem(sync: SyncSection, engine: Mapping[str, Any]) -> str | None:
     """Why the engine arguments cannot start an engine in one expert layout, the run's, or None: both layout flags
     on (vLLM refuses them only after start-up), or, with the memory sync (whose layout's arguments join the user's
-    there, :mod:`~skyrl_glm.skyrl.experiment`, the user's winning), a flag that contradicts the run's layout."""
+    there, :mod:`~skyrl_glm.skyrl.run.experiment`, the user's winning), a flag that contradicts the run's layout."""
     try:
         layout_of(engine)
         wanted = engine_arguments(sync.expert_layout, engine) if sync.mode == "memory" else {}

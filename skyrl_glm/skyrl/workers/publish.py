@@ -2,8 +2,8 @@
 
 Inside SkyRL the publisher is the library's (plan straight into the transport's staging memory -> stage ->
 receive -> load -> commit); only the receiving side differs: every routed server's workers receive and verify the
-update (``skyrl_glm_receive`` on :class:`~skyrl_glm.skyrl.vllm_extension.SkyRLGlmWorkerExtension`, over that
-server's ``/collective_rpc``), each through the transport its route names (:mod:`skyrl_glm.skyrl.routes`; the
+update (``skyrl_glm_receive`` on :class:`~skyrl_glm.skyrl.workers.vllm_extension.SkyRLGlmWorkerExtension`, over that
+server's ``/collective_rpc``), each through the transport its route names (:mod:`skyrl_glm.skyrl.workers.routes`; the
 publisher's :class:`~skyrl_glm.sync.transports.fanout.FanOut` staged one handle per transport), and stage the
 rebuilt tensors in memory under ``<lora name>@v<version>``; then SkyRL's ``/skyrl/v1/load_lora_adapter`` swaps the
 served adapter (same name, ``skyrl-lora``) on each of those servers to that staged version, and older staged
@@ -21,7 +21,7 @@ from typing import Any
 
 from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_path
 
-from skyrl_glm.skyrl.routes import Route
+from skyrl_glm.skyrl.workers.routes import Route
 from skyrl_glm.sync.transports.fanout import HANDLES
 from skyrl_glm.sync.update import UpdateResult
 from skyrl_glm.sync.vllm.control import signed

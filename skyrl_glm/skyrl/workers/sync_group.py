@@ -1,5 +1,5 @@
 """The process group the collective transport runs over inside SkyRL: the trainer's sending rank (rank 0) and
-every vLLM worker of the servers it reaches (:mod:`skyrl_glm.skyrl.routes`: under ``auto`` the engines on other
+every vLLM worker of the servers it reaches (:mod:`skyrl_glm.skyrl.workers.routes`: under ``auto`` the engines on other
 nodes), NCCL between separate GPUs, gloo on CPU. Rank 0 hosts the rendezvous at its own node's address.
 
 SkyRL 0.4.0 builds a group of the same shape for its own weight transfer (vLLM's NCCL engine: master address and a

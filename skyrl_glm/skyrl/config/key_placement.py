@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from skyrl_glm.skyrl.hardware import gpu_needs
+from skyrl_glm.skyrl.config.hardware import gpu_needs
 from skyrl_glm.sync.vllm.control import KEY_DIR_ENV
 
 if TYPE_CHECKING:

@@ -4,8 +4,8 @@ later as an actor's traceback. Here it is one line naming the package or the nam
 
 SkyRL 0.4.0's Megatron worker imports names from Megatron-Bridge's repository that no Bridge release has:
 :func:`bridge_api_problem` reads SkyRL's own import statements and finds each name in the installed Bridge's source
-or among the names :mod:`~skyrl_glm.skyrl.bridge_compat` supplies, without importing either (Bridge's import needs
-CUDA)."""
+or among the names :mod:`~skyrl_glm.skyrl.compat.bridge_compat` supplies, without importing either (Bridge's
+import needs CUDA)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 from pathlib import Path
 
-from skyrl_glm.skyrl.bridge_compat import BRIDGE_PEFT_UTILS, SUPPLIED
+from skyrl_glm.skyrl.compat.bridge_compat import BRIDGE_PEFT_UTILS, SUPPLIED
 
 # (module SkyRL's Megatron worker imports, the distribution that provides it)
 MEGATRON_STACK = (

@@ -3,7 +3,8 @@
 SkyRL's ``VLLMServerActor`` takes one ``worker_extension_cls``; its ``NewInferenceWorkerWrap`` carries the weight
 sync and sleep RPCs SkyRL's loop needs, so this class keeps the sleep and wake RPCs and adds the ``skyrl_glm_*``
 methods of :class:`~skyrl_glm.sync.vllm.worker.LoraSyncWorkerExtension`, reached through the servers'
-``/collective_rpc``, and the worker's end of the collective transport's group (:mod:`skyrl_glm.skyrl.sync_group`).
+``/collective_rpc``, and the worker's end of the collective transport's group
+(:mod:`skyrl_glm.skyrl.workers.sync_group`).
 This class is set (as ``generator.inference_engine.engine_init_kwargs.worker_extension_cls``) only where skyrl-glm's
 in-memory sync brings the adapter, so SkyRL's own adapter and weight receive RPCs are refused here, and SkyRL's
 discard never drops a name skyrl-glm staged (the serving adapter among them).
@@ -15,7 +16,7 @@ from typing import Any
 
 from skyrl.backends.skyrl_train.inference_servers.new_inference_worker_wrap import NewInferenceWorkerWrap
 
-from skyrl_glm.skyrl import sync_group
+from skyrl_glm.skyrl.workers import sync_group
 from skyrl_glm.sync.vllm.control import ControlRefused, verify
 from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension, receiver_state
 
@@ -59,7 +60,7 @@ class SkyRLGlmWorkerExtension(NewInferenceWorkerWrap, LoraSyncWorkerExtension):
 
     def skyrl_glm_node(self, *args: Any, **kwargs: Any) -> str:
         """The node this worker runs on: the trainer routes each engine's update by where its workers are
-        (:mod:`skyrl_glm.skyrl.routes`). Signed like every control call."""
+        (:mod:`skyrl_glm.skyrl.workers.routes`). Signed like every control call."""
         verify("skyrl_glm_node", args, kwargs, (0, 0))
         return sync_group.node_address()
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from skyrl.train.utils.callbacks import TrainingCallback
 
-from skyrl_glm.skyrl.summary import GEN_KL, RunSummary
+from skyrl_glm.skyrl.run.summary import GEN_KL, RunSummary
 
 if TYPE_CHECKING:
     import torch

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from skyrl.train.config import TrainerConfig
 
-    from skyrl_glm.skyrl.config import GlmSection, GlmTrainConfig
-    from skyrl_glm.skyrl.summary import RunSummary
+    from skyrl_glm.skyrl.config.sections import GlmSection, GlmTrainConfig
+    from skyrl_glm.skyrl.run.summary import RunSummary
 
 OVERRIDE_ENTRYPOINT = "trainer.override_entrypoint="
 TINY_PREFIX = "tiny:"
@@ -32,7 +32,7 @@ MODEL_KEY = "trainer.policy.model.path"
 def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
     """``(recipe or None, overrides)``; SkyRL's ``trainer.override_entrypoint=...`` (how main_base got here)
     is dropped, it is no config key."""
-    from skyrl_glm.skyrl.config import ConfigError
+    from skyrl_glm.skyrl.config.sections import ConfigError
 
     recipe, overrides = None, []
     for i, arg in enumerate(a for a in args if not a.startswith(OVERRIDE_ENTRYPOINT)):
@@ -50,7 +50,7 @@ def tiny_checkpoint(family_name: str) -> Path:
     (:func:`skyrl_glm.models.tiny_cache.cached_tiny`)."""
     from skyrl_glm.models.tiny_cache import cached_tiny
     from skyrl_glm.plugins import RegistryError, registry
-    from skyrl_glm.skyrl.config import ConfigError
+    from skyrl_glm.skyrl.config.sections import ConfigError
 
     try:
         family = registry().model(family_name)
@@ -64,7 +64,7 @@ def tiny_checkpoint(family_name: str) -> Path:
 
 def build_config(args: Sequence[str]) -> GlmTrainConfig:
     """The typed config of a command line (recipe, overrides, a ``tiny:`` model made and pointed at)."""
-    from skyrl_glm.skyrl.recipes import load_config
+    from skyrl_glm.skyrl.config.recipes import load_config
 
     recipe, overrides = split_args(args)
     cfg = load_config(recipe, overrides)
@@ -87,7 +87,7 @@ def _start_ray(cfg: GlmTrainConfig, run_env: dict[str, str]) -> None:
     from skyrl.backends.skyrl_train.utils.ppo_utils import sync_registries
     from skyrl.env_vars import SKYRL_DUMP_INFRA_LOG_TO_STDOUT
 
-    from skyrl_glm.skyrl import cpu
+    from skyrl_glm.skyrl.compat import cpu
 
     cpu.install()
     env_vars = prepare_runtime_environment(cfg)
@@ -108,14 +108,14 @@ def _start_ray(cfg: GlmTrainConfig, run_env: dict[str, str]) -> None:
 
 def _experiment(cfg: GlmTrainConfig) -> RunSummary:
     """Body of the Ray task that runs the experiment (SkyRL keeps the training loop off the driver)."""
-    from skyrl_glm.skyrl.run_log import log_to_stderr
+    from skyrl_glm.skyrl.run.run_log import log_to_stderr
 
     log_to_stderr()
-    from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding
+    from skyrl_glm.skyrl.compat.flash_attn_stub import provide_bert_padding
 
     provide_bert_padding()  # before SkyRL's worker modules are imported (where flash-attn is missing)
-    from skyrl_glm.skyrl.experiment import GlmPPOExp
-    from skyrl_glm.skyrl.ports import use_run_ports
+    from skyrl_glm.skyrl.run.experiment import GlmPPOExp
+    from skyrl_glm.skyrl.run.ports import use_run_ports
 
     use_run_ports()
 
@@ -128,7 +128,7 @@ def report_summary(log_path: str, summary: RunSummary) -> Path:
     import importlib.util
     import json
 
-    from skyrl_glm.skyrl.step_table import REWARD_PNG, SUMMARY_FILE, plot_rewards
+    from skyrl_glm.canary.curves import REWARD_PNG, SUMMARY_FILE, plot_rewards
 
     log = logging.getLogger("skyrl_glm.train")
     log.info(
@@ -160,7 +160,7 @@ def report_summary(log_path: str, summary: RunSummary) -> Path:
 
 def opening_lines(t: TrainerConfig, glm: GlmSection, log_file: Path, verbose: bool) -> list[str]:
     """What is about to run, and where its full log goes."""
-    from skyrl_glm.skyrl.placement import sync_transports
+    from skyrl_glm.skyrl.config.placement import sync_transports
 
     steps = f"{t.max_training_steps} steps" if t.max_training_steps else f"{t.epochs} epoch(s)"
     sync = f"{glm.sync.mode} via {sync_transports(glm, t.placement)}" if glm.sync.mode == "memory" else "disk (SkyRL's)"
@@ -181,7 +181,7 @@ def closing_lines(
     """Where the run's outputs are: the summary JSON, the export directory, the logs, the report command."""
     import shlex
 
-    from skyrl_glm.skyrl.step_table import REWARD_PNG
+    from skyrl_glm.canary.curves import REWARD_PNG
 
     verdict = "off" if summary.check is None else ("PASS" if summary.check.passed else "FAIL")
     agreed = sum(a.passed for a in summary.agree)
@@ -211,7 +211,7 @@ def run(cfg: GlmTrainConfig, verbose: bool = False) -> int:
     """Run one training; an exit code of :mod:`skyrl_glm.usage` (0 finished, 1 stopped by the handoff check,
     2 Ray lacks the GPUs the layout needs, 3 failed on the way). Everything the run prints goes to a log file; the
     terminal gets progress lines (everything with ``verbose``) and where the outputs are."""
-    from skyrl_glm.skyrl.ports import run_env
+    from skyrl_glm.skyrl.run.ports import run_env
     from skyrl_glm.sync.vllm.control import KEY_ENV, run_key
 
     with run_key() as key_file:  # the run's control key: the trainer and the vLLM workers it starts hold it
@@ -224,9 +224,9 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
     import ray
 
     from skyrl_glm import usage
-    from skyrl_glm.skyrl.check_live import HandoffCheckFailed
-    from skyrl_glm.skyrl.hardware import gpu_needs, ray_shortfall
-    from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER, RunLog
+    from skyrl_glm.skyrl.config.hardware import gpu_needs, ray_shortfall
+    from skyrl_glm.skyrl.run.check_live import HandoffCheckFailed
+    from skyrl_glm.skyrl.run.run_log import PROGRESS_LOGGER, RunLog
 
     log = logging.getLogger("skyrl_glm.train")
     progress = logging.getLogger(PROGRESS_LOGGER)
@@ -275,7 +275,7 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
     if summary.steps:
         from rich.console import Console
 
-        from skyrl_glm.skyrl.step_table import print_step_table
+        from skyrl_glm.canary.curves import print_step_table
 
         print_step_table(summary.to_json(), Console(width=140, soft_wrap=True))
     for line in closing_lines(cfg.trainer, summary, summary_file, log_file, time.perf_counter() - t0):
@@ -285,12 +285,12 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
 
 def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
-    from skyrl_glm.skyrl.config import ConfigError
-    from skyrl_glm.skyrl.hardware import visible_gpu_problem
-    from skyrl_glm.skyrl.key_placement import key_problem
-    from skyrl_glm.skyrl.run_log import log_to_stderr
-    from skyrl_glm.skyrl.trainer_stack import trainer_stack_problem
-    from skyrl_glm.skyrl.validation import missing_data
+    from skyrl_glm.skyrl.compat.trainer_stack import trainer_stack_problem
+    from skyrl_glm.skyrl.config.hardware import visible_gpu_problem
+    from skyrl_glm.skyrl.config.key_placement import key_problem
+    from skyrl_glm.skyrl.config.sections import ConfigError
+    from skyrl_glm.skyrl.config.validation import missing_data
+    from skyrl_glm.skyrl.run.run_log import log_to_stderr
     from skyrl_glm.sync.vllm.control import setting_problem
     from skyrl_glm.usage import PROG, print_error
 
@@ -305,7 +305,9 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         engine = cfg.generator.inference_engine
         if problem := missing_data(cfg.data) or key_problem(cfg.trainer, engine) or setting_problem(makes_its_own=True):
             raise ConfigError(problem)
-        if not os.environ.get("RAY_ADDRESS") and (problem := visible_gpu_problem(cfg)):
+        if not os.environ.get("RAY_ADDRESS") and (
+            problem := visible_gpu_problem(cfg.trainer, engine, cpu=cfg.skyrl_glm.cpu)
+        ):
             raise ConfigError(problem)  # before Ray starts: it would wait forever for GPUs that are not here
     except (ConfigError, ValueError, AssertionError) as e:
         return print_error(f"{PROG} train", str(e).splitlines()[0] if str(e) else type(e).__name__)

@@ -28,16 +28,17 @@ from skyrl_glm.check.algorithm import run_check as run_five_steps
 from skyrl_glm.check.probes import Probes, make_probes
 from skyrl_glm.check.report import print_table, to_dict
 from skyrl_glm.dapo.report import dumped_eval_metrics
-from skyrl_glm.skyrl.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
-from skyrl_glm.skyrl.config import GlmSection, colocated_gpu
-from skyrl_glm.skyrl.mismatch_log import generation_kl
-from skyrl_glm.skyrl.overlong import shape_rewards
-from skyrl_glm.skyrl.publish import one_server
-from skyrl_glm.skyrl.run_log import PROGRESS_LOGGER
-from skyrl_glm.skyrl.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
-from skyrl_glm.skyrl.worker_sync import WorkerSync
+from skyrl_glm.skyrl.config.overlong import shape_rewards
+from skyrl_glm.skyrl.config.sections import GlmSection, colocated_gpu
+from skyrl_glm.skyrl.run.check_live import HandoffCheckFailed, LivePublisher, LiveSampler, LiveTrainer
+from skyrl_glm.skyrl.run.mismatch_log import generation_kl
+from skyrl_glm.skyrl.run.run_log import PROGRESS_LOGGER
+from skyrl_glm.skyrl.run.summary import AgreeRecord, CheckRecord, RunSummary, SyncRecord
+from skyrl_glm.skyrl.workers.publish import one_server
+from skyrl_glm.skyrl.workers.worker_sync import WorkerSync
 
 log = logging.getLogger(__name__)
+PATH_FIGURES = ("max", "mean", "prob_max")  # what the agree record keeps of each path's Diff
 progress = logging.getLogger(PROGRESS_LOGGER)  # one line per sync on the terminal of `skyrl-glm train`
 
 CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits by its temperature
@@ -271,40 +272,33 @@ class GlmPPOTrainer(RayPPOTrainer):
             lora_b = await asyncio.to_thread(trainer.lora_b_max)
         finally:
             self._at_check_temperature(False)
-        decode = f", decode mean {result.decode.mean:.3g} max {result.decode.max:.3g}" if result.decode else ""
+        record = AgreeRecord(
+            sync=self._glm_syncs,
+            passed=result.passed,
+            lora_b_max=lora_b,
+            step=self.global_step,
+            mean_tol=config.mean_tol,
+            prob_tol=config.prob_tol,
+            **path_figures("prefill", result.prefill),
+            **path_figures("decode", result.decode),
+        )
+        self.summary.agree.append(record)
+        measured = ("prefill", "decode") if result.decode else ("prefill",)
         log.info(
-            "skyrl-glm agree check after sync %d: %s: prefill mean %.3g max %.3g%s; trainer max|lora_B| %.3g (%s)",
+            "skyrl-glm agree check after sync %d: %s: %s; trainer max|lora_B| %.3g (%s)",
             self._glm_syncs,
             "ok" if result.passed else "FAIL",
-            result.prefill.mean if result.prefill else float("nan"),
-            result.prefill.max if result.prefill else float("nan"),
-            decode,
+            ", ".join(f"{p} mean {_nan(record, p, 'mean'):.3g} max {_nan(record, p, 'max'):.3g}" for p in measured),
             lora_b,
             result.detail,
         )
         self.all_metrics.update(
             {
                 "skyrl_glm/agree_passed": float(result.passed),
-                "skyrl_glm/agree_prefill_max": result.prefill.max if result.prefill else float("nan"),
-                "skyrl_glm/agree_decode_max": result.decode.max if result.decode else float("nan"),
+                "skyrl_glm/agree_prefill_max": _nan(record, "prefill", "max"),
+                "skyrl_glm/agree_decode_max": _nan(record, "decode", "max"),
                 "skyrl_glm/lora_b_max": lora_b,
             }
-        )
-        self.summary.agree.append(
-            AgreeRecord(
-                sync=self._glm_syncs,
-                passed=result.passed,
-                prefill_max=result.prefill.max if result.prefill else None,
-                prefill_mean=result.prefill.mean if result.prefill else None,
-                decode_max=result.decode.max if result.decode else None,
-                decode_mean=result.decode.mean if result.decode else None,
-                lora_b_max=lora_b,
-                step=self.global_step,
-                mean_tol=config.mean_tol,
-                prob_tol=config.prob_tol,
-                prefill_prob_max=result.prefill.prob_max if result.prefill else None,
-                decode_prob_max=result.decode.prob_max if result.decode else None,
-            )
         )
         if not result.passed:
             self._failed(f"agree check FAILED after sync {self._glm_syncs}: {result.detail}")
@@ -314,6 +308,18 @@ class GlmPPOTrainer(RayPPOTrainer):
         if self.cfg.skyrl_glm.check.on_failure == "abort":
             raise HandoffCheckFailed(report, self.summary)
         log.warning("skyrl-glm %s (on_failure=warn: training goes on)", report)
+
+
+def path_figures(path: str, diff: Diff | None) -> dict[str, float | None]:
+    """One path's figures under the agree record's names (``prefill_max``, ``prefill_mean``, ``prefill_prob_max``);
+    each None where the path was not measured (no diff)."""
+    return {f"{path}_{figure}": getattr(diff, figure, None) for figure in PATH_FIGURES}
+
+
+def _nan(record: AgreeRecord, path: str, figure: str) -> float:
+    """A figure of the record for a metric or a log line: NaN where the path was not measured."""
+    value = getattr(record, f"{path}_{figure}")
+    return float("nan") if value is None else value
 
 
 def _short(timings: dict[str, Any]) -> str:

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from skyrl.train.config import InferenceEngineConfig, TrainerConfig
 
-    from skyrl_glm.skyrl.config import GlmTrainConfig
-
 
 @dataclass
 class HardwareConfig:
@@ -98,18 +96,20 @@ def ray_shortfall(needs: GpuNeeds, resources: dict[str, float]) -> str | None:
     return None
 
 
-def local_gpu_problem(cfg: GlmTrainConfig, cuda_available: bool, device_count: int) -> str | None:
+def local_gpu_problem(
+    trainer: TrainerConfig, engine: InferenceEngineConfig, *, cpu: bool, cuda_available: bool, device_count: int
+) -> str | None:
     """Why a run on this machine's own Ray (no ``RAY_ADDRESS``) cannot place the layout on the GPUs visible here
-    (one line), or None. Checked before Ray starts; CPU mode uses logical GPUs and is never refused here."""
-    if cfg.skyrl_glm.cpu:
+    (one line), or None. Checked before Ray starts; CPU mode (``cpu``) uses logical GPUs and is never refused here."""
+    if cpu:
         return None
     if not cuda_available or device_count == 0:
         return (
             "skyrl_glm.cpu: false, but no CUDA GPU is visible here (torch.cuda.is_available() is False); run on a "
             "GPU machine, point RAY_ADDRESS at a GPU cluster, or set skyrl_glm.cpu=true"
         )
-    needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
-    single_node = cfg.trainer.placement.policy_num_nodes == 1
+    needs = gpu_needs(trainer, engine)
+    single_node = trainer.placement.policy_num_nodes == 1
     if single_node and needs.total > device_count:
         how = "colocated" if needs.colocated else f"{needs.trainer} trainer + {needs.sampler} sampler"
         return (
@@ -119,11 +119,12 @@ def local_gpu_problem(cfg: GlmTrainConfig, cuda_available: bool, device_count: i
     return None
 
 
-def visible_gpu_problem(cfg: GlmTrainConfig) -> str | None:
+def visible_gpu_problem(trainer: TrainerConfig, engine: InferenceEngineConfig, *, cpu: bool) -> str | None:
     """:func:`local_gpu_problem` for the GPUs torch sees in this process."""
-    if cfg.skyrl_glm.cpu:
+    if cpu:
         return None
     import torch
 
     available = torch.cuda.is_available()
-    return local_gpu_problem(cfg, available, torch.cuda.device_count() if available else 0)
+    count = torch.cuda.device_count() if available else 0
+    return local_gpu_problem(trainer, engine, cpu=cpu, cuda_available=available, device_count=count)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from skyrl_glm.skyrl.hardware import gpu_needs, layout_problem
+from skyrl_glm.skyrl.config.hardware import gpu_needs, layout_problem
 
 if TYPE_CHECKING:
-    from skyrl_glm.skyrl.config import GlmTrainConfig
+    from skyrl_glm.skyrl.config.sections import GlmTrainConfig
 
 
 def unsafe_megatron_targets(targets: Any, sampler: str | None = None) -> list[str]:

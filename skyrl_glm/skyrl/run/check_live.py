@@ -2,7 +2,8 @@
 :mod:`skyrl_glm.check.algorithm`).
 
 - trainer: the policy workers' own forward through SkyRL's ``WorkerDispatch.forward`` (the live PEFT model, its
-  LoRA included); LoRA B perturbed and restored by worker methods (:class:`~skyrl_glm.skyrl.worker_sync.GlmSyncMixin`);
+  LoRA included); LoRA B perturbed and restored by worker methods
+  (:class:`~skyrl_glm.skyrl.workers.worker_sync.GlmSyncMixin`);
 - sampler: SkyRL's inference client against the served adapter, one per engine so that each engine answers a
   share of the probes: ``sample()`` for prefill (prompt logprobs), ``generate()`` (the rollouts' path) for decode
   (greedy tokens and their logprobs);

@@ -2,7 +2,7 @@
 of a run, the PNG of mean reward per step it writes beside the summary, and ``skyrl-glm report --canary`` over
 several runs (one curve each, e.g. memory sync, disk sync, a sync that never publishes).
 
-The rows are :meth:`~skyrl_glm.skyrl.summary.RunSummary.step_rows` as the summary JSON holds them (``steps``).
+The rows are :meth:`~skyrl_glm.skyrl.run.summary.RunSummary.step_rows` as the summary JSON holds them (``steps``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ STEP_TIMERS = ("step", "generate", "train_critic_and_policy", "sync_weights")
 MISMATCH_MEAN = "policy/rollout_train_logprobs_abs_diff_mean"
 MISMATCH_MAX = "policy/rollout_train_logprobs_abs_diff_max"
 IS_RATIO_MEAN = "policy/loss_metrics/is_ratio_mean"
-GEN_KL = "skyrl_glm/gen_kl"  # the k3 generation KL of the step's rollouts (skyrl/mismatch_log.py computes it)
+GEN_KL = "skyrl_glm/gen_kl"  # the k3 generation KL of the step's rollouts (skyrl/run/mismatch_log.py computes it)
 # An agree check's figures in a step's row (``agree_<name>``).
 AGREE_FIGURES = (
     "prefill_mean",

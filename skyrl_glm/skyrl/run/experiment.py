@@ -12,16 +12,16 @@ from skyrl.train.entrypoints.main_base import BasePPOExp
 from skyrl_glm.canary.env import register as register_canary
 from skyrl_glm.dapo.env import register as register_glm_math
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl import signed_client
-from skyrl_glm.skyrl.mismatch_log import MismatchMetrics
-from skyrl_glm.skyrl.step_log import StepMetrics
-from skyrl_glm.skyrl.summary import RunSummary
-from skyrl_glm.skyrl.trainer import GlmPPOTrainer
-from skyrl_glm.skyrl.vllm_extension import WORKER_EXTENSION
+from skyrl_glm.skyrl.run.mismatch_log import MismatchMetrics
+from skyrl_glm.skyrl.run.step_log import StepMetrics
+from skyrl_glm.skyrl.run.summary import RunSummary
+from skyrl_glm.skyrl.run.trainer import GlmPPOTrainer
+from skyrl_glm.skyrl.workers import signed_client
+from skyrl_glm.skyrl.workers.vllm_extension import WORKER_EXTENSION
 from skyrl_glm.sync.expert_layout import engine_arguments
 
 if TYPE_CHECKING:
-    from skyrl_glm.skyrl.config import GlmTrainConfig
+    from skyrl_glm.skyrl.config.sections import GlmTrainConfig
 
 
 def _router_args_compat() -> None:

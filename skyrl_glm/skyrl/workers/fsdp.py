@@ -1,7 +1,7 @@
 """SkyRL's FSDP2 policy worker with skyrl-glm's in-memory LoRA sync.
 
 SkyRL 0.4's FSDP worker syncs LoRA only through files (``lora.sync_mode=memory`` is Megatron-only there); this
-subclass adds the in-memory path (:class:`~skyrl_glm.skyrl.worker_sync.GlmSyncMixin`). SkyRL hands
+subclass adds the in-memory path (:class:`~skyrl_glm.skyrl.workers.worker_sync.GlmSyncMixin`). SkyRL hands
 ``trainer.policy.model.lora.target_modules`` to PEFT as modules only, and transformers 5 keeps routed experts as
 fused parameters (``mlp.experts.gate_up_proj``), which PEFT reaches only as ``target_parameters``: the worker's
 ``LoraConfig`` moves a registered family's routed-expert targets there (a seam in ``skyrl_glm/seams.py``).
@@ -23,8 +23,8 @@ from skyrl_glm.lora.experts import (
     vllm_adapter_config,
     vllm_expert_adapter,
 )
-from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding
-from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
+from skyrl_glm.skyrl.compat.flash_attn_stub import provide_bert_padding
+from skyrl_glm.skyrl.workers.worker_sync import GlmSyncMixin
 
 # SkyRL's FSDP worker imports flash_attn.bert_padding at module level: the stand-in first where flash-attn is
 # missing (CPU mode, or a GPU stack without a flash-attn wheel). Here because a Ray worker process imports this

@@ -19,8 +19,8 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from skyrl_glm.skyrl.after_import import after_import
-from skyrl_glm.skyrl.flash_attn_stub import provide_bert_padding
+from skyrl_glm.skyrl.compat.after_import import after_import
+from skyrl_glm.skyrl.compat.flash_attn_stub import provide_bert_padding
 
 SETUP_HOOK = f"{__name__}.install"
 VLLM_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"

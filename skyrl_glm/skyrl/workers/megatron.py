@@ -26,8 +26,8 @@ import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
-from skyrl_glm.skyrl import bridge_compat
-from skyrl_glm.skyrl.worker_sync import GlmSyncMixin
+from skyrl_glm.skyrl.compat import bridge_compat
+from skyrl_glm.skyrl.workers.worker_sync import GlmSyncMixin
 from skyrl_glm.sync.dedup import PART, Dedup, DedupMemo, Part, StreamReader, deduplicate
 from skyrl_glm.sync.nogc import paused_gc
 

@@ -4,12 +4,14 @@ The typed config of a run is SkyRL's ``SkyRLTrainConfig`` (built with SkyRL's ``
 checks stay) plus a top-level ``skyrl_glm`` section (:class:`GlmSection`: ``sync``, ``check``, ``overlong``,
 ``hardware``, ``cpu``). Each section checks its own values as it is built; a component takes the section it
 needs (torchtitan's habit), and :class:`GlmTrainConfig` names the whole config where a check crosses sections.
-Recipes are read by :mod:`skyrl_glm.skyrl.recipes`, and checked as a whole by :mod:`skyrl_glm.skyrl.validation`.
+Recipes are read by :mod:`skyrl_glm.skyrl.config.recipes`, and checked as a whole by
+:mod:`skyrl_glm.skyrl.config.validation`.
 
 No ``from __future__ import annotations`` here: SkyRL's ``build_nested_dataclass`` reads ``field.type`` to find
 nested dataclasses, which must therefore be real classes, not strings.
 """
 
+import dataclasses
 import math
 import typing
 from collections.abc import Sequence
@@ -26,13 +28,13 @@ from skyrl.train.config import (
     make_config,
 )
 
-from skyrl_glm.check.algorithm import MAX_PROB_TOL, MAX_SCALE, MAX_TOLERANCE, CheckConfig
+from skyrl_glm.check.algorithm import CheckConfig
 from skyrl_glm.check.faults import NO_FAULT, SKYRL_FAULTS
 from skyrl_glm.check.probes import DECODE_TOKENS, NUM_PROBES, PROBE_LENGTH, PROMPT_LENGTH
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl.hardware import HardwareConfig
-from skyrl_glm.skyrl.overlong import OverlongPenaltyConfig
-from skyrl_glm.skyrl.routes import AUTO, ROUTE_FAULTS, local_transport
+from skyrl_glm.skyrl.config.hardware import HardwareConfig
+from skyrl_glm.skyrl.config.overlong import OverlongPenaltyConfig
+from skyrl_glm.skyrl.workers.routes import AUTO, ROUTE_FAULTS, local_transport
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT, LayoutError, check_layout
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES
 from skyrl_glm.usage import UsageError
@@ -44,6 +46,11 @@ MAX_BUCKET_MB = 1 << 16  # 64 GiB: far above any adapter's unique bytes (full GL
 MAX_PROBES = 256
 MAX_PROBE_LENGTH = 8192
 MAX_DECODE_TOKENS = 1024
+
+
+# The check's settings a run states, in its recipe as on ``skyrl-glm check``'s command line: every field of the
+# check's record except the adapter version it starts at, which each run sets from its own syncs.
+CHECK_SETTINGS = tuple(f.name for f in dataclasses.fields(CheckConfig) if f.name != "first_version")
 
 
 class ConfigError(UsageError):
@@ -84,7 +91,7 @@ class SyncSection:
     """Deliberately break the sync (for tests of the check), one of the fault table's ``in_skyrl`` entries
     (``no-publish``, ``double-scale``, ``wrong-target``, ``drop-experts``, ``drop-shared-experts``): from the start,
     every sync after the first is broken (the check before step 1 must stop the run); or one of the routing faults
-    (``remote-same-host``, ``skip-remote``: :data:`skyrl_glm.skyrl.routes.ROUTE_FAULTS`)."""
+    (``remote-same-host``, ``skip-remote``: :data:`skyrl_glm.skyrl.workers.routes.ROUTE_FAULTS`)."""
     fault_at_step: int = 0
     """Start ``fault`` at training step k instead (0: from the start): the syncs after step k, k+1, ... are
     broken, the earlier ones intact, so the agree check after the sync that follows step k must stop the run."""
@@ -135,7 +142,8 @@ class CheckSection:
     probe_length: int = PROBE_LENGTH
     prompt_length: int = PROMPT_LENGTH
     decode_tokens: int = DECODE_TOKENS
-    # The check's own settings, with the defaults of the one record the CLI and the library use (CheckConfig).
+    # The check's own settings (CHECK_SETTINGS), with the defaults of the one record the CLI and the library use
+    # (CheckConfig, which also bounds them); tests/test_check_settings.py holds these fields to it.
     seed: int = CheckConfig.seed
     mean_tol: float = CheckConfig.mean_tol
     prob_tol: float = CheckConfig.prob_tol
@@ -144,6 +152,8 @@ class CheckSection:
     scale: float = CheckConfig.scale
     """Perturbation of the trainer's LoRA B in step 2 (added to every element)."""
     decode: bool = CheckConfig.decode
+    group_margin: float = CheckConfig.group_margin
+    """Leaving out any one target group must move the trainer by more than this times ``mean_tol`` (0: off)."""
 
     def __post_init__(self) -> None:
         _choice("skyrl_glm.check.on_failure", self.on_failure, _literal_values(CheckSection, "on_failure"))
@@ -152,30 +162,19 @@ class CheckSection:
         _bounded("skyrl_glm.check.probe_length", self.probe_length, 2, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.prompt_length", self.prompt_length, 1, MAX_PROBE_LENGTH)
         _bounded("skyrl_glm.check.decode_tokens", self.decode_tokens, 1, MAX_DECODE_TOKENS)
-        for name in ("mean_tol", "repeat_tol"):  # a bound: finite, >= 0, not one that passes anything
-            _bounded(f"skyrl_glm.check.{name}", getattr(self, name), 0, MAX_TOLERANCE)
-        _bounded("skyrl_glm.check.prob_tol", self.prob_tol, 0, MAX_PROB_TOL)
-        if not 0 < self.scale <= MAX_SCALE:  # step 3 needs a perturbation the sampler can miss (NaN fails too)
-            raise ConfigError(f"skyrl_glm.check.scale: must be > 0 and <= {MAX_SCALE:g}, got {self.scale}")
         if self.prompt_length >= self.probe_length:
             raise ConfigError(
                 f"skyrl_glm.check.prompt_length: must be < probe_length ({self.probe_length}), got {self.prompt_length}"
             )
-        try:
+        try:  # the check's bounds, checked once, by the check's own record
             self.check_config()
-        except UsageError as e:
-            raise ConfigError(f"skyrl_glm.check.{e}") from None
+        except UsageError as e:  # "<field> must be ...", named with the section's key
+            name, _, problem = str(e).partition(" ")
+            raise ConfigError(f"skyrl_glm.check.{name}: {problem}") from None
 
     def check_config(self) -> CheckConfig:
-        """The algorithm's settings from this section."""
-        return CheckConfig(
-            mean_tol=self.mean_tol,
-            prob_tol=self.prob_tol,
-            repeat_tol=self.repeat_tol,
-            scale=self.scale,
-            seed=self.seed,
-            decode=self.decode,
-        )
+        """The algorithm's settings from this section: every field of :data:`CHECK_SETTINGS`."""
+        return CheckConfig(**{name: getattr(self, name) for name in CHECK_SETTINGS})
 
 
 @dataclass
@@ -187,7 +186,8 @@ class GlmSection:
     overlong: OverlongPenaltyConfig = field(default_factory=OverlongPenaltyConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cpu: bool = False
-    """Run SkyRL's loop on CPU (logical Ray GPUs, CUDA assumptions lifted: skyrl_glm.skyrl.cpu). Never implicit."""
+    """Run SkyRL's loop on CPU (logical Ray GPUs, CUDA assumptions lifted: skyrl_glm.skyrl.compat.cpu).
+    Never implicit."""
 
 
 def make_glm_config(
@@ -222,7 +222,7 @@ def colocated_gpu(glm: GlmSection, placement: PlacementConfig) -> bool:
 def resolved_transport(glm: GlmSection, placement: PlacementConfig) -> str:
     """``skyrl_glm.sync.transport`` for the engines on the trainer's sending node, ``auto`` resolved: CUDA IPC when
     colocated on GPUs, shared memory otherwise (CPU mode included). Engines on other nodes take the collective
-    transport under ``auto`` (:mod:`skyrl_glm.skyrl.routes`, per engine once the run knows where each runs)."""
+    transport under ``auto`` (:mod:`skyrl_glm.skyrl.workers.routes`, per engine once the run knows where each runs)."""
     return local_transport(glm.sync.transport, colocated_gpu(glm, placement))
 
 

@@ -1,11 +1,12 @@
 """The one loader for recipes: an OmegaConf YAML file (or a packaged recipe name) to a run's typed config.
 
-A recipe is in the same shape as the config (SkyRL's sections plus ``skyrl_glm``, :mod:`skyrl_glm.skyrl.config`);
+A recipe is in the same shape as the config (SkyRL's sections plus ``skyrl_glm``,
+:mod:`skyrl_glm.skyrl.config.sections`);
 ``base: <file or packaged recipe name>`` composes recipes (the base is merged first, recursively), and
 ``key=value`` overrides are applied last. Every key of every layer is checked against the config's dataclasses
-before the merge, so a problem is one :class:`~skyrl_glm.skyrl.config.ConfigError` line naming the file (or
+before the merge, so a problem is one :class:`~skyrl_glm.skyrl.config.sections.ConfigError` line naming the file (or
 ``command line``) that set the dotted key; the built config is then checked whole
-(:func:`skyrl_glm.skyrl.validation.validate`).
+(:func:`skyrl_glm.skyrl.config.validation.validate`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from skyrl_glm.skyrl.config import ConfigError, SkyRLGlmConfig
-from skyrl_glm.skyrl.validation import validate
+from skyrl_glm.skyrl.config.sections import ConfigError, SkyRLGlmConfig
+from skyrl_glm.skyrl.config.validation import validate
 
 if TYPE_CHECKING:
     from skyrl.train.config import SkyRLTrainConfig
@@ -219,7 +220,7 @@ def load_config(
 ) -> SkyRLTrainConfig:
     """The typed config of ``recipe`` (a YAML file or a packaged recipe name; None: defaults only) with
     ``overrides`` (``key=value``) applied; ``skyrl_glm.cpu=true`` adds the CPU-mode settings first."""
-    from skyrl_glm.skyrl import cpu
+    from skyrl_glm.skyrl.compat import cpu
 
     layers = _read_recipe(resolve_recipe(recipe), ()) if recipe is not None else []
     layers.append((COMMAND_LINE, _override_layer(overrides)))

@@ -1,10 +1,11 @@
 """The strategy-independent half of a policy worker whose LoRA sync goes through skyrl-glm (plan -> transport ->
 receiver), and what the check needs from a worker.
 
-Mixed in before SkyRL's FSDP (:mod:`skyrl_glm.skyrl.fsdp`) or Megatron (:mod:`skyrl_glm.skyrl.megatron`) policy
-worker. ``skyrl_glm.sync.mode=disk`` keeps SkyRL's own file sync. The trainer hands each worker its
-``skyrl_glm.sync`` settings (:meth:`GlmSyncMixin.skyrl_glm_configure`) before the weight-sync setup, because a
-worker only sees ``cfg.trainer``. Nothing here imports SkyRL's worker modules (they need CUDA-only packages).
+Mixed in before SkyRL's FSDP (:mod:`skyrl_glm.skyrl.workers.fsdp`) or Megatron
+(:mod:`skyrl_glm.skyrl.workers.megatron`) policy worker. ``skyrl_glm.sync.mode=disk`` keeps SkyRL's own file sync.
+The trainer hands each worker its ``skyrl_glm.sync`` settings (:meth:`GlmSyncMixin.skyrl_glm_configure`) before the
+weight-sync setup, because a worker only sees ``cfg.trainer``. Nothing here imports
+SkyRL's worker modules (they need CUDA-only packages).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import torch
 
 from skyrl_glm.check.faults import NO_FAULT, inject_in_skyrl
 from skyrl_glm.plugins import registry
-from skyrl_glm.skyrl import signed_client
-from skyrl_glm.skyrl.publish import SkyRLServers, one_server
-from skyrl_glm.skyrl.routes import ROUTE_FAULTS, Route, plan_routes
+from skyrl_glm.skyrl.workers import signed_client
+from skyrl_glm.skyrl.workers.publish import SkyRLServers, one_server
+from skyrl_glm.skyrl.workers.routes import ROUTE_FAULTS, Route, plan_routes
 from skyrl_glm.sync.dedup import Dedup
 from skyrl_glm.sync.publisher import InMemoryPublisher
 from skyrl_glm.sync.transports.base import Transport
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class WorkerSync:
     """The part of ``skyrl_glm.sync`` a policy worker acts on. ``transport`` as configured (``auto`` included):
-    rank 0 resolves it per engine once it knows where each engine runs (:mod:`skyrl_glm.skyrl.routes`);
+    rank 0 resolves it per engine once it knows where each engine runs (:mod:`skyrl_glm.skyrl.workers.routes`);
     ``colocated_gpu``: trainer and sampler share GPUs (CUDA IPC on the sender's node under ``auto``)."""
 
     mode: str
@@ -96,7 +97,7 @@ class GlmSyncMixin:
 
     async def _glm_open_routes(self, client: Any) -> None:
         """Rank 0: each engine's route from where it runs, and the collective group with the engines it reaches."""
-        from skyrl_glm.skyrl.sync_group import engine_nodes, node_address, open_group
+        from skyrl_glm.skyrl.workers.sync_group import engine_nodes, node_address, open_group
 
         s = self._glm_sync
         assert s is not None
@@ -109,7 +110,7 @@ class GlmSyncMixin:
 
     def skyrl_glm_node(self) -> str:
         """The node this policy rank runs on (the run's record of where its ranks ran)."""
-        from skyrl_glm.skyrl.sync_group import node_address
+        from skyrl_glm.skyrl.workers.sync_group import node_address
 
         return node_address()
 

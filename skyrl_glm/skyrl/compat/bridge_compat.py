@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from skyrl_glm.skyrl.after_import import after_import
+from skyrl_glm.skyrl.compat.after_import import after_import
 
 BRIDGE_PEFT_UTILS = "megatron.bridge.peft.utils"
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from skyrl_glm.skyrl.routes import Route, plan_routes
+from skyrl_glm.skyrl.workers.routes import Route, plan_routes
 
 if TYPE_CHECKING:
     from skyrl.train.config import InferenceEngineConfig, PlacementConfig, TrainerConfig
 
-    from skyrl_glm.skyrl.config import GlmSection
+    from skyrl_glm.skyrl.config.sections import GlmSection
 
 
 @dataclass
@@ -39,7 +39,7 @@ def _span(ranks: list[int]) -> str:
 
 def node_plans(trainer: TrainerConfig, engine: InferenceEngineConfig, glm: GlmSection) -> list[NodePlan] | None:
     """Per node, rank 0's node first; None when the engines' nodes are Ray's choice at start (not colocated)."""
-    from skyrl_glm.skyrl.config import colocated_gpu
+    from skyrl_glm.skyrl.config.sections import colocated_gpu
 
     p = trainer.placement
     if not p.colocate_all:
@@ -91,8 +91,8 @@ def placement_lines(trainer: TrainerConfig, engine: InferenceEngineConfig, glm: 
 
 def sync_transports(glm: GlmSection, placement: PlacementConfig) -> str:
     """The sync's transport in one phrase: per engine under ``auto`` when the policy spans nodes."""
-    from skyrl_glm.skyrl.config import resolved_transport
-    from skyrl_glm.skyrl.routes import AUTO, COLLECTIVE
+    from skyrl_glm.skyrl.config.sections import resolved_transport
+    from skyrl_glm.skyrl.workers.routes import AUTO, COLLECTIVE
 
     local = resolved_transport(glm, placement)
     if glm.sync.transport != AUTO or placement.policy_num_nodes == 1:

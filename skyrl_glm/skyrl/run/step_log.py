@@ -11,7 +11,7 @@ from typing import Any
 
 from skyrl.train.utils.callbacks import TrainingCallback
 
-from skyrl_glm.skyrl.summary import STEP_TIMERS, RunSummary, StepRecord
+from skyrl_glm.skyrl.run.summary import STEP_TIMERS, RunSummary, StepRecord
 
 REWARD_KEY = "reward/avg_raw_reward"
 
