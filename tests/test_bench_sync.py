@@ -209,3 +209,18 @@ def test_the_command_line_builds_every_option_and_runs(tmp_path):
     assert args.func(args) == 0
     runs = [run for path in json.loads(out.read_text())["paths"].values() for run in path["runs"]]
     assert runs and all(run["verified"] for run in runs)
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "layers"), [("glm-5.3", "full", 2), ("glm-5.3", "tiny", None), ("glm-4.5", "tiny", None)]
+)
+def test_a_bench_model_folder_names_its_architecture(tmp_path, model, config, layers) -> None:
+    """``bench sync --exporter bridge`` hands Megatron-Bridge a config-only folder; Bridge refuses one whose config
+    names no ``...ForCausalLM`` architecture (measured on one H200: 'Architectures: None')."""
+    import json
+
+    from skyrl_glm.bench.synthetic import model_config
+
+    _, cfg = model_config(model, config, layers)
+    cfg.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"][0].endswith("ForCausalLM")

@@ -77,3 +77,84 @@ def test_the_pre_ray_check_counts_supplied_names_and_still_names_others(tmp_path
     wrapper.write_text(bridge_lines[0] + "\nfrom megatron.bridge.peft.utils import not_supplied\n")
     problem = bridge_api_problem(skyrl, tmp_path / "bridge")
     assert problem is not None and "imports not_supplied from megatron.bridge.peft.utils" in problem
+
+
+def test_the_experiment_process_has_the_names_before_skyrl_sets_up_its_trainer(tmp_path):
+    """SkyRL's ``_setup_trainer`` imports its Megatron worker (and so the model wrapper's Bridge import) in the
+    experiment's Ray task, before any skyrl-glm worker module (measured on one H200: ImportError there while the
+    workers' own install was in place). The experiment body, run in a fresh process with the stand-in Bridge and an
+    experiment whose ``run`` makes SkyRL's import, finds both names."""
+    import subprocess
+    import textwrap
+
+    utils = tmp_path / "megatron" / "bridge" / "peft" / "utils.py"
+    utils.parent.mkdir(parents=True)
+    for folder in (utils.parent, utils.parent.parent, utils.parent.parent.parent):
+        (folder / "__init__.py").write_text("")
+    utils.write_text("")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from skyrl_glm.skyrl.run import experiment, launch
+
+        class SkyRLSetup:
+            def __init__(self, cfg):
+                pass
+
+            def run(self):
+                from megatron.bridge.peft.utils import (
+                    enable_expert_parallel_grad_sync_in_finalize,
+                    finalize_model_grads_with_expert_adapter_sync,
+                )
+                return enable_expert_parallel_grad_sync_in_finalize.__module__
+
+        experiment.GlmPPOExp = SkyRLSetup
+        print(launch._experiment(None))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == bridge_compat.__name__
+
+
+def _globals_in_load_order(data: bytes) -> list[tuple[str, str]]:
+    """The ``(module, name)`` pairs a pickle imports, in the order unpickling imports them."""
+    import pickletools
+
+    strings: list[str | None] = []
+    memo: dict[int, str | None] = {}
+    found = []
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "MEMOIZE":
+            memo[len(memo)] = strings[-1] if strings else None
+        elif op.name in ("BINGET", "LONG_BINGET"):
+            strings.append(memo.get(arg))
+        elif op.name == "STACK_GLOBAL":
+            found.append((strings[-2], strings[-1]))
+    return found
+
+
+def test_each_megatron_actor_imports_the_compatibility_module_before_skyrls_worker(monkeypatch):
+    """In a Ray actor the worker class is unpickled: the module its first base comes from is imported first, and
+    that module installs the names before SkyRL's worker module (whose wrapper imports them) is imported. Read from
+    the pickle Ray makes of each actor class (Ray's cloudpickle), with SkyRL's Megatron worker module stood in (it
+    imports Transformer Engine, which needs CUDA)."""
+    import types
+
+    from ray import cloudpickle
+
+    worker = "skyrl.backends.skyrl_train.workers.megatron.megatron_worker"
+    stand_in = types.ModuleType(worker)
+    for name in ("MegatronPolicyWorkerBase", "MegatronRefWorkerBase", "MegatronCriticWorkerBase"):
+        setattr(stand_in, name, type(name, (), {"__module__": worker}))
+    monkeypatch.setitem(sys.modules, worker, stand_in)
+    monkeypatch.setattr(importlib.import_module(worker.rpartition(".")[0]), "megatron_worker", stand_in, raising=False)
+    from skyrl_glm.skyrl.workers import megatron
+
+    for actor in megatron.megatron_workers():
+        modules = [m for m, _ in _globals_in_load_order(cloudpickle.dumps(actor.__ray_metadata__.modified_class))]
+        assert megatron.__name__ in modules and worker in modules
+        assert modules.index(megatron.__name__) < modules.index(worker)

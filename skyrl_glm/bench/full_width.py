@@ -18,7 +18,6 @@ def full_width_model(directory: Path, layers: int) -> Path:
 
     _, config = model_config("glm-5.3", "full", layers)
     config.update(ROUTER)
-    config.architectures = ["GlmMoeDsaForCausalLM"]
     config.save_pretrained(directory)
     return directory
 

@@ -80,7 +80,8 @@ def _check_device(flag: str, name: str) -> None:
 
 
 def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]:
-    """The registered family and its tiny or full HF (text) config, cut to ``layers`` MoE layers when asked."""
+    """The registered family and its tiny or full HF (text) config, cut to ``layers`` MoE layers when asked, naming
+    its architecture as a checkpoint's config does."""
     from skyrl_glm.lora.bridge import layer_is_moe, text_config
     from skyrl_glm.plugins import registry
 
@@ -95,6 +96,11 @@ def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]
             if isinstance(getattr(cfg, attr, None), list):
                 setattr(cfg, attr, getattr(cfg, attr)[:keep])
         cfg.num_hidden_layers = keep
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.model_type)
+    if architecture and not getattr(cfg, "architectures", None):  # a checkpoint's config names it; Bridge needs it
+        cfg.architectures = [architecture]
     return family, cfg
 
 

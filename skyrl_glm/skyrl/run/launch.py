@@ -114,6 +114,9 @@ def _experiment(cfg: GlmTrainConfig) -> RunSummary:
     from skyrl_glm.skyrl.compat.flash_attn_stub import provide_bert_padding
 
     provide_bert_padding()  # before SkyRL's worker modules are imported (where flash-attn is missing)
+    from skyrl_glm.skyrl.compat import bridge_compat
+
+    bridge_compat.install()  # SkyRL's setup imports its Megatron worker here, before any skyrl-glm worker module
     from skyrl_glm.skyrl.run.experiment import GlmPPOExp
     from skyrl_glm.skyrl.run.ports import use_run_ports
 
