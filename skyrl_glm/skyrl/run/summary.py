@@ -71,6 +71,9 @@ class AgreeRecord:
     prob_tol: float | None = None
     prefill_prob_max: float | None = None
     decode_prob_max: float | None = None
+    # a failed check's probe tokens per measured path: {"decode": {"dlogp": [...], "dp": [...]}}, so a stop can be
+    # told apart from noise on the record alone (one far-off unlikely token, or many tokens moved)
+    failed_tokens: dict[str, dict[str, list[float]]] | None = None
 
 
 @dataclass(frozen=True)

@@ -281,6 +281,7 @@ class GlmPPOTrainer(RayPPOTrainer):
             prob_tol=config.prob_tol,
             **path_figures("prefill", result.prefill),
             **path_figures("decode", result.decode),
+            failed_tokens=None if result.passed else failed_tokens(prefill=result.prefill, decode=result.decode),
         )
         self.summary.agree.append(record)
         measured = ("prefill", "decode") if result.decode else ("prefill",)
@@ -314,6 +315,15 @@ def path_figures(path: str, diff: Diff | None) -> dict[str, float | None]:
     """One path's figures under the agree record's names (``prefill_max``, ``prefill_mean``, ``prefill_prob_max``);
     each None where the path was not measured (no diff)."""
     return {f"{path}_{figure}": getattr(diff, figure, None) for figure in PATH_FIGURES}
+
+
+def failed_tokens(**diffs: Diff | None) -> dict[str, dict[str, list[float]]]:
+    """Each measured path's per-token |dlogp| and |dp| (4 significant digits), for a failed check's record."""
+    return {
+        path: {"dlogp": [float(f"{x:.4g}") for x in d.per_token], "dp": [float(f"{x:.4g}") for x in d.prob_per_token]}
+        for path, d in diffs.items()
+        if d is not None
+    }
 
 
 def _nan(record: AgreeRecord, path: str, figure: str) -> float:
