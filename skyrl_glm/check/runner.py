@@ -287,6 +287,9 @@ def run(
     on_step: Callable[[StepResult], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
 ) -> CheckReport:
+    """The five-step check with these options. ``on_step`` gets each step's result as it ends; ``on_phase`` gets
+    the setup's progress lines, a line ending in ``" ..."`` opening a phase and the next closing it
+    (:class:`skyrl_glm.phases.Phases` prints them with their seconds)."""
     phase = on_phase or (lambda _msg: None)
     t0 = time.perf_counter()
     plan = prepare(options)
@@ -294,19 +297,24 @@ def run(
         options.workdir = options.workdir or tmp
         model_dir, kept = plan.model_dir, True
         if model_dir is None:
-            phase(f"preparing the tiny {plan.family.name} model")
+            phase(f"preparing the tiny {plan.family.name} model ...")
             model_dir, kept = tiny_model_dir(plan.family, Path(options.workdir))
-        phase(f"starting trainer ({options.trainer}) and sampler ({options.sampler})")
+            phase(f"tiny {plan.family.name} model ready")
+        phase(f"starting the trainer ({options.trainer}) and the sampler ({options.sampler}), warming both ...")
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
         trainer, sampler, publisher, cleanup = build(options, plan, model_dir, probes)
+        phase("trainer and sampler ready")
         t1 = time.perf_counter()
-        phase("running the five steps")
+        phase("running the five steps ...")
         try:
             report = run_check(trainer, sampler, publisher, probes, options.config, on_step=on_step)
+            phase("five steps done")
         finally:
+            t2 = time.perf_counter()
+            phase(f"stopping the sampler ({options.sampler}) ...")
             for step in cleanup:
                 step()
-        t2 = time.perf_counter()
+            phase("sampler stopped")
     report.info.update(
         {
             "model": plan.family.name,

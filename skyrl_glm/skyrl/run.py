@@ -171,7 +171,7 @@ def opening_lines(t: TrainerConfig, glm: GlmSection, log_file: Path, verbose: bo
     return [
         f"training {t.policy.model.path} ({t.strategy}, {steps}); LoRA sync {sync}; handoff check {check}",
         f"full log: {log_file} ({shown})",
-        "starting Ray, the policy workers and the vLLM server(s)",
+        "starting Ray ...",
     ]
 
 
@@ -244,6 +244,8 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
                 progress.info(line)
             _start_ray(cfg, env)
             t1 = time.perf_counter()
+            progress.info("Ray ready")
+            progress.info("starting the policy workers and the vLLM server(s) ...")
             try:
                 needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
                 if (shortfall := ray_shortfall(needs, ray.cluster_resources())) is None:
