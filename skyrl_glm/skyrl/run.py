@@ -289,7 +289,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
     from skyrl_glm.skyrl.config import ConfigError
     from skyrl_glm.skyrl.hardware import visible_gpu_problem
-    from skyrl_glm.skyrl.key_placement import key_problem
+    from skyrl_glm.skyrl.key_placement import use_key_dir
     from skyrl_glm.skyrl.run_log import log_to_stderr
     from skyrl_glm.skyrl.trainer_stack import trainer_stack_problem
     from skyrl_glm.skyrl.validation import missing_data
@@ -305,7 +305,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         if problem := trainer_stack_problem(cfg.trainer.strategy):
             raise ConfigError(problem)
         engine = cfg.generator.inference_engine
-        if problem := missing_data(cfg.data) or key_problem(cfg.trainer, engine) or setting_problem(makes_its_own=True):
+        if problem := missing_data(cfg.data) or use_key_dir(cfg.trainer, engine) or setting_problem(makes_its_own=True):
             raise ConfigError(problem)
         if not os.environ.get("RAY_ADDRESS") and (problem := visible_gpu_problem(cfg)):
             raise ConfigError(problem)  # before Ray starts: it would wait forever for GPUs that are not here
