@@ -78,11 +78,12 @@ def _canary_report(args: argparse.Namespace) -> int:
     summaries = [read_summary(path) for path in args.canary]
     for summary in summaries:
         print_step_table(summary, console)
-    print_runs(summaries, console, [run_name(path) for path in args.canary])
+    names = [run_name(path) for path in args.canary]
+    print_runs(summaries, console, names)
     if json_path is not None:
         json_path.write_text(json.dumps([s["steps"] for s in summaries], indent=2))
         console.print(f"wrote {json_path}", highlight=False)
-    console.print(f"wrote {plot_rewards(summaries, png)}", highlight=False)
+    console.print(f"wrote {plot_rewards(summaries, png, names)}", highlight=False)
     return 0
 
 
