@@ -23,8 +23,11 @@ def main() -> None:
     targets = family.lora.resolve(sampler="vllm-cpu")  # the defaults vLLM's CPU build applies
     trainer = hf_trainer(model_dir, family=family, targets=targets, rank=8, alpha=16, device="cpu")
     sampler = vllm_sampler(model_dir, family=family, targets=targets, rank=8, device="cpu", allow_unsupported=False)
-    publisher = InMemoryPublisher(sampler, SharedMemoryTransport())
-    report = run_check(trainer, sampler, publisher, make_probes(family.tiny_vocab_size), CheckConfig())
+    try:
+        publisher = InMemoryPublisher(sampler, SharedMemoryTransport())
+        report = run_check(trainer, sampler, publisher, make_probes(family.tiny_vocab_size), CheckConfig())
+    finally:
+        sampler.close()  # the engine's processes and memory: released here, not left to interpreter exit
     print_table(report)
 
 

@@ -8,8 +8,7 @@ import logging
 import os
 import traceback
 
-from rich.console import Console
-
+from skyrl_glm import terminal
 from skyrl_glm.check.algorithm import CheckConfig, StepResult
 from skyrl_glm.check.faults import FAULTS, NO_FAULT
 from skyrl_glm.check.report import plot, print_table, write_json
@@ -20,7 +19,7 @@ from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
 from skyrl_glm.usage import UsageError, run_failed, writable_file
 
 log = logging.getLogger(__name__)
-console = Console(width=140)
+console = terminal.console()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from skyrl_glm import strict_json
+from skyrl_glm import strict_json, terminal
 from skyrl_glm.check.algorithm import CheckReport, Diff
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def _fmt(d: Diff | None) -> tuple[str, str]:
 
 
 def print_table(report: CheckReport, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or terminal.console()
     cfg = report.config
     table = Table(title="five-step handoff check")
     for col in (
@@ -71,7 +71,7 @@ def print_table(report: CheckReport, console: Console | None = None) -> None:
         "s",
         "verdict",
     ):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     thresholds = {
         1: f"mean <= {cfg.mean_tol}, |dp| <= {cfg.prob_tol}",
         3: f"mean > {cfg.mean_tol}",

@@ -13,11 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
+from skyrl_glm import terminal
 from skyrl_glm.usage import UsageError, writable_file
 
-console = Console(width=140, soft_wrap=True)
+console = terminal.console(soft_wrap=True)
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:

@@ -189,7 +189,7 @@ def print_table(points: list[EvalPoint], console) -> None:
 
     table = Table(title="eval over training steps (mean@n = pass@1 estimate)")
     for col in ("step", "eval set", "prompts", "n", "mean@n", "pass@n", "mean length (tokens)", "at cap"):
-        table.add_column(col, justify="left" if col == "eval set" else "right")
+        table.add_column(col, justify="left" if col == "eval set" else "right", overflow="fold")
     for p in points:
         table.add_row(
             "-" if p.step is None else str(p.step),

@@ -12,8 +12,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
+from skyrl_glm import terminal
 from skyrl_glm.usage import PROG, print_error
 
 if TYPE_CHECKING:
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     from skyrl_glm.skyrl.config import GlmTrainConfig
     from skyrl_glm.skyrl.hardware import HardwareConfig
 
-console = Console(width=140, soft_wrap=True)
+console = terminal.console(soft_wrap=True)
 
 RAY_PORT = 6379
 
@@ -128,7 +127,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     table = Table(title="packaged recipes (skyrl-glm recipes show NAME)")
     for col in ("name", "model", "hardware", "what"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for name in packaged_recipes():
         path = resolve_recipe(name)
         try:

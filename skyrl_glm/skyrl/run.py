@@ -275,11 +275,10 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
         print(f"full log: {log_file}", file=sys.stderr)
         return usage.CHECK_FAILED
     if summary.steps:
-        from rich.console import Console
-
+        from skyrl_glm import terminal
         from skyrl_glm.skyrl.step_table import print_step_table
 
-        print_step_table(summary.to_json(), Console(width=140, soft_wrap=True))
+        print_step_table(summary.to_json(), terminal.console(soft_wrap=True))
     for line in closing_lines(cfg.trainer, summary, summary_file, log_file, time.perf_counter() - t0):
         print(line)
     return 0

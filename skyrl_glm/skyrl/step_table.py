@@ -134,7 +134,7 @@ def print_step_table(summary: dict[str, Any], console: Console) -> None:
         "gen KL",
     )
     for c in columns:
-        table.add_column(c, justify="right")
+        table.add_column(c, justify="right", overflow="fold")
     for r in summary["steps"]:
         margin = "-"
         if r.get("agree_prefill_mean") is not None:
@@ -218,7 +218,7 @@ def print_runs(summaries: list[dict[str, Any]], console: Console, names: list[st
     table = Table(title="runs", title_justify="left")
     columns = ("run", "steps", "checks", "agree ok", "reward first -> last", "rise (4)", "gen KL median / max")
     for c in columns:
-        table.add_column(c, justify="left" if c in ("run", "checks") else "right")
+        table.add_column(c, justify="left" if c in ("run", "checks") else "right", overflow="fold")
     for i, s in enumerate(summaries):
         d = digest(s)
         table.add_row(
