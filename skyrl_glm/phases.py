@@ -39,8 +39,8 @@ class Phases:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        if self._doing is not None:
-            self._close(f"stopped while {self._doing}" if kind is not None else None)
+        if self._doing is not None:  # nothing closed it: the command stopped inside it (an error, or a refusal)
+            self._close(f"stopped while {self._doing}" if kind is not None else f"{self._doing}: ended")
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

@@ -27,7 +27,7 @@ def test_not_a_terminal_gets_one_line_per_phase_start_and_end():
     assert re.fullmatch(r"check: vLLM engine ready \(\d+ s\)", lines[1]), lines
     assert lines[2] == "check: step 1 ok"  # neither opens nor closes: as it is
     assert lines[3] == "check: stopping the engine ..."
-    assert re.fullmatch(r"check: stopping the engine: done \(\d+ s\)", lines[4]), lines  # closed at exit
+    assert re.fullmatch(r"check: stopping the engine: ended \(\d+ s\)", lines[4]), lines  # closed at exit
     assert len(lines) == 5
 
 
