@@ -8,7 +8,8 @@ one plain line, so a reader of the log sees what was waited on and for how long:
     check: starting the trainer (hf) and the sampler (vllm) ...
     check: trainer and sampler ready (84 s)
 
-A line that neither opens nor closes a phase is printed as it is.
+A line that neither opens nor closes a phase is printed as it is; ``"Ray ready; starting the workers ..."`` closes
+one phase and opens the next on one line (``Ray ready (17 s); starting the workers ...``).
 """
 
 from __future__ import annotations
@@ -40,30 +41,40 @@ class Phases:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         if self._doing is not None:  # nothing closed it: the command stopped inside it (an error, or a refusal)
-            self._close(f"stopped while {self._doing}" if kind is not None else f"{self._doing}: ended")
+            self._print(self._close(f"stopped while {self._doing}" if kind is not None else f"{self._doing}: ended"))
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
 
     def line(self, text: str) -> None:
         """One line of the command's progress: opens a phase (ends in ``" ..."``), closes the open one, or is
-        printed as it is."""
-        if self._doing is not None:
-            self._close(text)
-        elif not text.endswith(OPENS):
-            self._print(text)
-        if text.endswith(OPENS):
-            self._open(text.removesuffix(OPENS))
+        printed as it is. ``"DONE; DOING ..."`` closes the open phase and opens the next on one line."""
+        if self._doing is None:
+            if text.endswith(OPENS):
+                self._open(text.removesuffix(OPENS))
+            else:
+                self._print(text)
+            return
+        if not text.endswith(OPENS):
+            self._print(self._close(text))
+            return
+        done, sep, doing = text.partition("; ")
+        if not sep:
+            done, doing = f"{self._doing}: done", text
+        self._open(doing.removesuffix(OPENS), after=self._close(done))
 
     def seconds(self) -> float:
         """How long the open phase has run (0.0 when none is open)."""
         return 0.0 if self._doing is None else time.perf_counter() - self._since
 
-    def _open(self, doing: str) -> None:
+    def _open(self, doing: str, after: str | None = None) -> None:
+        """Opens ``doing``; ``after``: the closing line of the phase before, printed on the same line."""
         self._doing, self._since = doing, time.perf_counter()
         if not self.live:
-            self._print(f"{doing}{OPENS}")
+            self._print(f"{after}; {doing}{OPENS}" if after else f"{doing}{OPENS}")
             return
+        if after:
+            self._print(after)
         if self._progress is None:
             self._progress = Progress(
                 SpinnerColumn(),
@@ -75,14 +86,14 @@ class Phases:
             self._progress.start()
         self._task = self._progress.add_task(f"{self.prefix}{doing}", total=None)
 
-    def _close(self, done: str | None) -> None:
+    def _close(self, done: str) -> str:
+        """Ends the open phase; its closing line, ``done`` with the phase's seconds."""
         took = self.seconds()
         if self._progress is not None and self._task is not None:
             self._progress.remove_task(self._task)
             self._task = None
-        doing, self._doing = self._doing, None
-        text = done if done is not None and not done.endswith(OPENS) else f"{doing}: done"
-        self._print(f"{text} ({took:.0f} s)")
+        self._doing = None
+        return f"{done} ({took:.0f} s)"
 
     def _print(self, text: str) -> None:
         self.console.print(f"{self.prefix}{text}", highlight=False, markup=False)

@@ -272,7 +272,8 @@ def test_cli_main_command_passes_quietly_and_writes_reports(cli_checks):
     assert len(log.splitlines()) < 40, log[-6000:]
     # Output not a terminal: each setup phase is a line when it starts and one with its seconds when it ends.
     assert "check: starting the trainer (hf) and the sampler (vllm), warming both ...\n" in proc.stdout
-    assert re.search(r"^check: trainer and sampler ready \(\d+ s\)$", proc.stdout, re.M), proc.stdout
+    ready = r"^check: trainer and sampler ready \(\d+ s\); running the five steps \.\.\.$"
+    assert re.search(ready, proc.stdout, re.M), proc.stdout
     assert re.search(r"^check: sampler stopped \(\d+ s\)$", proc.stdout, re.M), proc.stdout
     assert not list((cli.tmp / "tmp").glob("skyrl-glm-engine-*.log"))  # the engine's output went with the run
 

@@ -31,15 +31,18 @@ def test_not_a_terminal_gets_one_line_per_phase_start_and_end():
     assert len(lines) == 5
 
 
-def test_a_line_that_opens_while_a_phase_is_open_closes_it_first():
+def test_a_line_that_opens_while_a_phase_is_open_closes_it_on_the_same_line():
     console = _console(terminal=False)
     with Phases(console) as phases:
         phases.line("starting Ray ...")
-        phases.line("starting the workers ...")
-        phases.line("workers up")
+        phases.line("Ray ready; starting the workers ...")
+        phases.line("starting the engines ...")
+        phases.line("engines up")
     lines = console.export_text().splitlines()
-    assert lines[0] == "starting Ray ..." and re.fullmatch(r"starting Ray: done \(\d+ s\)", lines[1]), lines
-    assert lines[2] == "starting the workers ..." and re.fullmatch(r"workers up \(\d+ s\)", lines[3]), lines
+    assert lines[0] == "starting Ray ..."
+    assert re.fullmatch(r"Ray ready \(\d+ s\); starting the workers \.\.\.", lines[1]), lines
+    assert re.fullmatch(r"starting the workers: done \(\d+ s\); starting the engines \.\.\.", lines[2]), lines
+    assert re.fullmatch(r"engines up \(\d+ s\)", lines[3]) and len(lines) == 4, lines
 
 
 def test_a_command_stopped_inside_a_phase_says_where():

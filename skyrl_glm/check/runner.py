@@ -311,9 +311,8 @@ def run(
         phase(f"starting the trainer ({options.trainer}) and the sampler ({options.sampler}), warming both ...")
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
         trainer, sampler, publisher, cleanup = build(options, plan, model_dir, probes)
-        phase("trainer and sampler ready")
         t1 = time.perf_counter()
-        phase("running the five steps ...")
+        phase("trainer and sampler ready; running the five steps ...")
         try:
             report = run_check(trainer, sampler, publisher, probes, options.config, on_step=on_step)
             phase("five steps done")

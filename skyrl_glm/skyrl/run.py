@@ -244,8 +244,7 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
                 progress.info(line)
             _start_ray(cfg, env)
             t1 = time.perf_counter()
-            progress.info("Ray ready")
-            progress.info("starting the policy workers and the vLLM server(s) ...")
+            progress.info("Ray ready; starting the policy workers and the vLLM server(s) ...")
             try:
                 needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
                 if (shortfall := ray_shortfall(needs, ray.cluster_resources())) is None:
