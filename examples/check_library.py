@@ -23,8 +23,13 @@ def main() -> None:
     targets = family.lora.resolve(sampler="vllm-cpu")  # the defaults vLLM's CPU build applies
     trainer = hf_trainer(model_dir, family=family, targets=targets, rank=8, alpha=16, device="cpu")
     sampler = vllm_sampler(model_dir, family=family, targets=targets, rank=8, device="cpu", allow_unsupported=False)
-    publisher = InMemoryPublisher(sampler, SharedMemoryTransport())
-    report = run_check(trainer, sampler, publisher, make_probes(family.tiny_vocab_size), CheckConfig())
+    transport = SharedMemoryTransport()
+    try:
+        publisher = InMemoryPublisher(sampler, transport)
+        report = run_check(trainer, sampler, publisher, make_probes(family.tiny_vocab_size), CheckConfig())
+    finally:  # the engine's processes and memory, and the transport's last shared-memory segment, released here
+        transport.release()
+        sampler.close()
     print_table(report)
 
 

@@ -4,4 +4,8 @@ Public API (see docs/api.md): :func:`skyrl_glm.plugins.registry` for what is reg
 :mod:`skyrl_glm.sync` for the adapter handoff, :mod:`skyrl_glm.check` for the five-step check.
 """
 
+from skyrl_glm.quiet import import_notes_off
+
 __version__ = "0.1.0"
+
+import_notes_off()

@@ -49,6 +49,8 @@ def configure(verbose: bool) -> str | None:
     engine_log = None
     if verbose:  # the engine log path is ours, not the user's: one a quiet parent set must not swallow -v's output
         os.environ.pop(ENGINE_LOG_ENV, None)
+        if _loguru_level_ours:  # SkyRL's DEBUG lines, which importing skyrl_glm turned off, back with -v
+            os.environ.pop("LOGURU_LEVEL", None)
     else:
         engine_log = os.path.join(tempfile.gettempdir(), f"skyrl-glm-engine-{os.getpid()}.log")
         if os.environ.setdefault(ENGINE_LOG_ENV, engine_log) != engine_log:
@@ -71,3 +73,41 @@ def finish(engine_log: str | None, code: int) -> None:
     if engine_log and code in (OK, CHECK_FAILED):
         with contextlib.suppress(OSError):
             os.unlink(engine_log)
+
+
+# Notes third-party libraries print while skyrl-glm's SkyRL glue is imported (``skyrl_glm.skyrl.run.trainer``: four
+# lines on a CPU machine, measured 2026-12-03), dropped by their exact text so that every other message of those
+# loggers, warnings and errors included, still shows: vLLM's CPU build on a Triton without a CPU backend, torch's
+# CUDA_HOME guess on a machine without CUDA.
+IMPORT_NOTES = {
+    "vllm.triton_utils.importing": "Triton is installed, but doesn't include CPU backend",
+    "torch.utils.cpp_extension": "No CUDA runtime is found",
+}
+
+
+class _DropNote(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.text)
+
+
+def import_notes_off() -> None:
+    """Called when ``skyrl_glm`` is imported: the :data:`IMPORT_NOTES` dropped, and SkyRL's loguru DEBUG/INFO
+    lines at import (its vLLM patches announcing themselves) off by ``LOGURU_LEVEL=WARNING`` when loguru is not
+    imported yet and the user set no level (loguru reads it once; its warnings and errors still show). Idempotent."""
+    import sys
+
+    for name, text in IMPORT_NOTES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNote) for f in logger.filters):
+            logger.addFilter(_DropNote(text))
+    global _loguru_level_ours
+    if "loguru" not in sys.modules and "LOGURU_LEVEL" not in os.environ:
+        os.environ["LOGURU_LEVEL"] = "WARNING"
+        _loguru_level_ours = True
+
+
+_loguru_level_ours = False  # LOGURU_LEVEL is import_notes_off's, not the user's: -v takes it back

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -269,6 +270,11 @@ def test_cli_main_command_passes_quietly_and_writes_reports(cli_checks):
     # Quiet by default: no vLLM log lines (there were over a hundred), nothing from the engine process.
     assert " INFO " not in log and "EngineCore" not in log and "Loading weights" not in log, log[-6000:]
     assert len(log.splitlines()) < 40, log[-6000:]
+    # Output not a terminal: each setup phase is a line when it starts and one with its seconds when it ends.
+    assert "check: starting the trainer (hf) and the sampler (vllm), warming both ...\n" in proc.stdout
+    ready = r"^check: trainer and sampler ready \(\d+ s\); running the five steps \.\.\.$"
+    assert re.search(ready, proc.stdout, re.M), proc.stdout
+    assert re.search(r"^check: sampler stopped \(\d+ s\)$", proc.stdout, re.M), proc.stdout
     assert not list((cli.tmp / "tmp").glob("skyrl-glm-engine-*.log"))  # the engine's output went with the run
 
 

@@ -3,6 +3,9 @@ validation; bad keys, wrong types and broken promises are one line naming the fi
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 import ray
 import yaml
@@ -28,14 +31,74 @@ def shared_key_dir(tmp_path_factory):
     patch.undo()
 
 
-def test_a_multi_node_run_without_a_shared_key_dir_is_refused(monkeypatch, capsys):
+@pytest.fixture
+def default_keys(monkeypatch, tmp_path):
+    """No key directory named: the default one, under a cache root of this test's own."""
+    monkeypatch.setenv(KEY_DIR_ENV, "set")  # recorded, so what use_key_dir sets is undone after the test
     monkeypatch.delenv(KEY_DIR_ENV)
+    monkeypatch.setenv("SKYRL_GLM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "keys"
+
+
+def test_a_multi_node_recipe_validates_and_dry_runs_as_documented(default_keys, capsys):
+    """``recipes validate`` and ``train --dry-run`` work as docs/install.md writes them, no variable set; the
+    launch lines name the key directory every node must see."""
     for name in GLM_RECIPES:  # 4 and 2 nodes
-        assert main(["recipes", "validate", name]) == 2
-        err = capsys.readouterr().err
-        assert f"needs its control key on every node; set {KEY_DIR_ENV}" in err and len(err.strip().splitlines()) == 1
-    assert main(["recipes", "validate", "tiny_cpu_grpo"]) == 0  # one node: the key is on it
-    capsys.readouterr()
+        assert main(["recipes", "validate", name]) == 0, capsys.readouterr().err
+        assert main(["train", name, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert f"export {KEY_DIR_ENV}={default_keys}\n" in out
+        assert "read at that path by every node's vLLM workers" in out
+    assert not default_keys.exists()  # a dry run makes nothing
+
+
+def test_a_dry_run_names_the_key_directory_that_is_set(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(KEY_DIR_ENV, str(tmp_path / "shared"))
+    assert main(["train", "glm53_dapo_math", "--dry-run"]) == 0
+    assert f"export {KEY_DIR_ENV}={tmp_path / 'shared'}\n" in capsys.readouterr().out
+
+
+def test_train_makes_the_default_key_directory_private_and_uses_it(default_keys):
+    from skyrl_glm.skyrl.config.key_placement import use_key_dir
+
+    cfg = load_config("glm53_dapo_math")
+    assert use_key_dir(cfg.trainer, cfg.generator.inference_engine) is None
+    assert os.environ[KEY_DIR_ENV] == str(default_keys)
+    assert stat.S_IMODE(default_keys.stat().st_mode) == 0o700 and default_keys.stat().st_uid == os.geteuid()
+    assert use_key_dir(cfg.trainer, cfg.generator.inference_engine) is None  # set now: used as it is
+
+
+def test_a_one_node_run_keeps_its_key_in_the_temp_dir(default_keys):
+    from skyrl_glm.skyrl.config.key_placement import key_dir, use_key_dir
+
+    cfg = load_config("tiny_cpu_grpo")
+    assert key_dir(cfg.trainer, cfg.generator.inference_engine) is None
+    assert use_key_dir(cfg.trainer, cfg.generator.inference_engine) is None and KEY_DIR_ENV not in os.environ
+    assert not default_keys.exists()
+
+
+@pytest.mark.parametrize("kind", ["group-readable", "world-writable", "a link", "a file"])
+def test_a_default_key_directory_that_is_not_private_is_refused(default_keys, kind, tmp_path, capsys):
+    from skyrl_glm.skyrl.config.key_placement import use_key_dir
+
+    default_keys.parent.mkdir(parents=True)
+    if kind == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        default_keys.symlink_to(tmp_path / "elsewhere")
+    elif kind == "a file":
+        default_keys.write_text("")
+    else:
+        default_keys.mkdir()
+        default_keys.chmod(0o750 if kind == "group-readable" else 0o777)
+    assert main(["recipes", "validate", "glm53_dapo_math"]) == 2
+    err = capsys.readouterr().err
+    assert f"control key directory {default_keys}: " in err and len(err.strip().splitlines()) == 1, err
+    cfg = load_config("glm53_dapo_math")
+    problem = use_key_dir(cfg.trainer, cfg.generator.inference_engine)
+    assert problem is not None and problem.startswith(f"control key directory {default_keys}: ")
+    assert KEY_DIR_ENV not in os.environ  # refused, never loosened or used
+    if kind != "a file" and kind != "a link":
+        assert stat.S_IMODE(default_keys.stat().st_mode) != 0o700  # left as the user made it
 
 
 @pytest.fixture(scope="module", params=sorted(GLM_RECIPES))

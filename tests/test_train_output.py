@@ -5,6 +5,7 @@ tests/test_skyrl_train.py (one SkyRL run serves both)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -29,10 +30,12 @@ WRITER = textwrap.dedent(
 
     log_to_stderr()
     with RunLog(Path(sys.argv[1]), verbose=sys.argv[2] == "1") as run:
+        logging.getLogger(PROGRESS_LOGGER).info("starting Ray ...")
         print("library line on stdout")
         print("library line on stderr", file=sys.stderr)
         os.write(2, b"C++ line on fd 2\\n")
         subprocess.run(["sh", "-c", "echo child process line"], check=True)
+        logging.getLogger(PROGRESS_LOGGER).info("Ray ready")
         print("\\x1b[36m(_experiment pid=7)\\x1b[0m " + PROGRESS_MARK + "step 1/2: reward -1.000", flush=True)
         logging.getLogger(PROGRESS_LOGGER).info("driver progress")
     print("after the run")
@@ -57,7 +60,10 @@ def _write_run(tmp_path: Path, verbose: bool) -> tuple[subprocess.CompletedProce
 
 def test_quiet_run_log_shows_progress_lines_only_and_keeps_everything_in_the_file(tmp_path: Path) -> None:
     proc, log = _write_run(tmp_path, verbose=False)
-    assert proc.stdout.splitlines() == ["step 1/2: reward -1.000", "driver progress", "after the run"]
+    lines = proc.stdout.splitlines()
+    # Output not a terminal: a phase is one line when it starts and one with its seconds when it ends.
+    assert lines[0] == "starting Ray ..." and re.fullmatch(r"Ray ready \(\d+ s\)", lines[1]), lines
+    assert lines[2:] == ["step 1/2: reward -1.000", "driver progress", "after the run"]
     assert proc.stderr == ""
     for line in [*ALL_LINES, PROGRESS_MARK + "step 1/2", PROGRESS_MARK + "driver progress"]:
         assert line in log, line

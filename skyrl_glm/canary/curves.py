@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from skyrl_glm.strict_json import finite_number
 from skyrl_glm.usage import UsageError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SUMMARY_FILE = "skyrl_glm_summary.json"
 REWARD_PNG = "skyrl_glm_rewards.png"
@@ -131,7 +134,7 @@ def print_step_table(summary: dict[str, Any], console: Console) -> None:
         "gen KL",
     )
     for c in columns:
-        table.add_column(c, justify="right")
+        table.add_column(c, justify="right", overflow="fold")
     for r in summary["steps"]:
         margin = "-"
         if r.get("agree_prefill_mean") is not None:
@@ -215,7 +218,7 @@ def print_runs(summaries: list[dict[str, Any]], console: Console, names: list[st
     table = Table(title="runs", title_justify="left")
     columns = ("run", "steps", "checks", "agree ok", "reward first -> last", "rise (4)", "gen KL median / max")
     for c in columns:
-        table.add_column(c, justify="left" if c in ("run", "checks") else "right")
+        table.add_column(c, justify="left" if c in ("run", "checks") else "right", overflow="fold")
     for i, s in enumerate(summaries):
         d = digest(s)
         table.add_row(
@@ -243,30 +246,49 @@ def rise(values: list[float], window: int = 2) -> float:
     return statistics.fmean(values[-window:]) - statistics.fmean(values[:window])
 
 
-def plot_rewards(summaries: list[dict[str, Any]], path: Path) -> Path:
-    """One PNG, a curve per run: mean reward per step above, the rollouts' trainer/sampler mismatch per step below
-    (generation KL, k3, solid; mean |dlogp| on the sampled tokens, dotted), on a log scale."""
+def legend_labels(summaries: list[dict[str, Any]], names: list[str] | None = None) -> list[str]:
+    """One legend label per run, all distinct: :func:`label`, with the run's name (its directory) when given, and a
+    number where two runs still read the same (two memory-sync runs of one directory name)."""
+    labels = [label(s) + (f" ({names[i]})" if names else "") for i, s in enumerate(summaries)]
+    repeated = {x for x in labels if labels.count(x) > 1}
+    return [f"{x} #{i + 1}" if x in repeated else x for i, x in enumerate(labels)]
+
+
+def rewards_figure(summaries: list[dict[str, Any]], names: list[str] | None = None) -> Figure:
+    """A curve per run: mean reward per step above, the rollouts' trainer/sampler mismatch per step below
+    (generation KL, k3, solid; mean |dlogp| on the sampled tokens, dotted), on a log scale; whole-step ticks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax, low) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=(3, 2))
-    for s in summaries:
+    for s, name in zip(summaries, legend_labels(summaries, names), strict=True):
         rows = sorted(s["steps"], key=lambda r: r["step"])
         rewarded = [r for r in rows if r.get("reward") is not None]
-        (line,) = ax.plot([r["step"] for r in rewarded], [r["reward"] for r in rewarded], marker="o", label=label(s))
+        (line,) = ax.plot([r["step"] for r in rewarded], [r["reward"] for r in rewarded], marker="o", label=name)
         for key, style in (("gen_kl", "-"), ("mismatch_mean", ":")):
             shown = [r for r in rows if isinstance(r.get(key), int | float) and r[key] > 0]
             low.plot([r["step"] for r in shown], [r[key] for r in shown], style, marker=".", color=line.get_color())
     ax.set_ylabel("mean reward")
     ax.grid(alpha=0.3)
     ax.legend()
-    low.set_yscale("log")
+    low.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if any(low.get_lines()):
+        low.set_yscale("log")
     low.set_xlabel("training step")
     low.set_ylabel("gen KL (k3) — / |dlogp| ··")
     low.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot_rewards(summaries: list[dict[str, Any]], path: Path, names: list[str] | None = None) -> Path:
+    """:func:`rewards_figure` as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = rewards_figure(summaries, names)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from skyrl_glm.check.probes import Probes
+from skyrl_glm.check.probes import Probes, check_probe_ids
 from skyrl_glm.sync.update import Publisher
 from skyrl_glm.usage import UsageError, tolerance
 
@@ -23,10 +23,23 @@ if TYPE_CHECKING:
 
 
 class TrainerScorer(Protocol):
-    """``perturb_lora_b`` takes one scale for every lora_B, or a scale per target group (groups left out stay).
-    A trainer that also has ``lora_groups()`` (its groups: attention, dense MLP, shared expert, routed experts) and
-    ``reset_lora_b()`` gets a scale per group from the group's measured effects, alone and left out
-    (:attr:`CheckConfig.group_margin`)."""
+    """The trainer side of the check: what :func:`run_check` calls on it, in order.
+
+    - ``lora_config``: the adapter's PEFT config as a dict (``r``, ``lora_alpha``, ``target_modules``, ...), handed
+      to the publisher with the tensors.
+    - ``score(sequences)``: for each token-id sequence, the logprob of every token after the first under the
+      current policy (base + adapter), as floats: ``len(seq) - 1`` values per sequence. Steps 1, 3 and 5, and
+      the decode path (the sampler's greedy tokens re-scored).
+    - ``adapter()``: the adapter's tensors ``{PEFT name: tensor}`` as they stand now (step 1 publishes version
+      ``first_version`` of it, step 4 the perturbed one).
+    - ``perturb_lora_b(scale, seed)``: add seeded noise to every lora_B (one scale for all, or a scale per target
+      group; groups left out stay) and return how many tensors changed; every lora_B is zero before step 2.
+    - optional ``lora_groups()`` and ``reset_lora_b()``: the target groups (attention, dense MLP, shared expert,
+      routed experts) and putting lora_B back to zero; with both, step 2 scales each group from its measured
+      effects, alone and left out (:attr:`CheckConfig.group_margin`).
+    - optional ``vocab_size``: the number of token ids the model scores; declared, the check refuses probes with
+      an id at or past it before anything is scored (:func:`~skyrl_glm.check.probes.check_probe_ids`).
+    """
 
     lora_config: dict[str, Any]
 
@@ -36,8 +49,30 @@ class TrainerScorer(Protocol):
 
 
 class SamplerScorer(Protocol):
+    """The sampler side of the check (the serving engine, as the publisher updates it).
+
+    - ``score(sequences)``: as :meth:`TrainerScorer.score`, through the engine's prefill path (prompt logprobs)
+      with the adapter it serves now; steps 1, 2 (the same sequences twice: the engine's own repeatability),
+      3 and 5.
+    - ``generate(prompts, max_tokens)``: greedy continuations, ``(token ids, their logprobs)`` per prompt, through
+      the decode path (with ``CheckConfig.decode``).
+    - the publisher's side too: the check never updates the sampler itself; the publisher does
+      (:class:`~skyrl_glm.sync.update.Sampler`: ``apply_update`` in memory, ``load_adapter_dir`` for the disk
+      baseline).
+    - optional ``vocab_size``: as the trainer's.
+    - optional ``close()``: stops the engine; :func:`run_check` never calls it, its caller does when done.
+    """
+
     def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]: ...
+
+
+def check_vocabulary(probes: Probes, *sides: tuple[str, Any]) -> None:
+    """Every probe id within each ``(name, side)``'s declared ``vocab_size`` (a side that declares none is not
+    checked): :class:`~skyrl_glm.check.probes.ProbeVocabularyError` before anything is scored."""
+    for name, side in sides:
+        declared = getattr(side, "vocab_size", None)
+        check_probe_ids(probes, declared if isinstance(declared, int) else None, name)
 
 
 # |dlogp| bounds and the step-2 perturbation, at most: per-token logprob gaps between unrelated policies are a few
@@ -402,7 +437,9 @@ def run_check(
     config: CheckConfig = CheckConfig(),
     on_step: Callable[[StepResult], None] | None = None,
 ) -> CheckReport:
-    """The five steps in order (see the module doc); ``on_step`` sees each step's result once it is final."""
+    """The five steps in order (see the module doc); ``on_step`` sees each step's result once it is final.
+    Probes a side cannot score raise :class:`~skyrl_glm.check.probes.ProbeVocabularyError` before step 1."""
+    check_vocabulary(probes, ("trainer", trainer), ("sampler", sampler))
     run = _FiveSteps(trainer, sampler, publisher, probes, config, on_step)
     if run.agree():
         run.perturb()

@@ -8,18 +8,18 @@ import logging
 import os
 import traceback
 
-from rich.console import Console
-
+from skyrl_glm import terminal
 from skyrl_glm.check.algorithm import CheckConfig, StepResult
 from skyrl_glm.check.faults import FAULTS, NO_FAULT
 from skyrl_glm.check.report import plot, print_table, write_json
 from skyrl_glm.check.runner import CheckOptions, engine_options, run, temp_problem, transport_choices
+from skyrl_glm.phases import Phases
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
 from skyrl_glm.usage import UsageError, run_failed, writable_file
 
 log = logging.getLogger(__name__)
-console = Console(width=140)
+console = terminal.console()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -114,12 +114,12 @@ def main(args: argparse.Namespace) -> int:
     from skyrl_glm.sync.vllm.engine import EngineStartError  # imports torch: not at parser build
 
     def on_step(s: StepResult) -> None:
-        console.log(f"step {s.step} {s.name}: {'ok' if s.passed else 'FAIL'} ({s.seconds:.2f} s) {s.detail}")
+        console.print(f"check: step {s.step} {s.name}: {'ok' if s.passed else 'FAIL'} ({s.seconds:.2f} s) {s.detail}")
 
     options = options_from_args(args)
     try:
-        with console.status("skyrl-glm check") as status:
-            report = run(options, on_step=on_step, on_phase=lambda m: status.update(m))
+        with Phases(console, prefix="check") as phases:
+            report = run(options, on_step=on_step, on_phase=phases.line)
     except EngineStartError as e:
         if options.allow_unsupported_targets:  # the targets forced past the family's policy are the likely cause
             raise UsageError(f"{e}; the engine was started with --allow-unsupported-targets") from e

@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from skyrl_glm import terminal
 from skyrl_glm.check.algorithm import run_check
 from skyrl_glm.check.faults import EXPECTED_FAILURE, FAULTS, FaultNotApplicable
 from skyrl_glm.check.probes import make_probes
@@ -41,7 +41,7 @@ from skyrl_glm.usage import UsageError, run_failed
 
 MAX_SEEDS = 256  # checks per (transport, fault): a few seconds each on one engine
 
-console = Console()
+console = terminal.console()
 
 
 def expected(fault: str) -> str:
@@ -139,7 +139,7 @@ def print_matrix(result: dict[str, Any]) -> None:
     table = Table(title=f"handoff checks: {result['model']} on {result['device']}")
     columns = ("transport", "fault", "seed", "expected", "outcome", "weakest group left out", "step 5 prefill mean")
     for col in (*columns, "publish s", "verdict"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in result["checks"]:
         steps = {s["step"]: s for s in (r["report"]["steps"] if r["report"] else [])}
         five, four, three = steps.get(5), steps.get(4), steps.get(3)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from skyrl_glm import strict_json
+from skyrl_glm import strict_json, terminal
 from skyrl_glm.check.algorithm import CheckReport, Diff
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _diff_json(d: Diff | None) -> dict[str, Any] | None:
@@ -53,7 +57,7 @@ def _fmt(d: Diff | None) -> tuple[str, str]:
 
 
 def print_table(report: CheckReport, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or terminal.console()
     cfg = report.config
     table = Table(title="five-step handoff check")
     for col in (
@@ -67,7 +71,7 @@ def print_table(report: CheckReport, console: Console | None = None) -> None:
         "s",
         "verdict",
     ):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     thresholds = {
         1: f"mean <= {cfg.mean_tol}, |dp| <= {cfg.prob_tol}",
         3: f"mean > {cfg.mean_tol}",
@@ -97,25 +101,64 @@ def print_table(report: CheckReport, console: Console | None = None) -> None:
         console.print(f"[bold red]FAIL[/] at {where}")
 
 
-def plot(report: CheckReport, path: str | Path) -> None:
+# Steps 1, 3 and 5 on the plot: each its own marker and a small x offset, so no step's points hide under another's.
+PLOTTED = {1: ("o", -0.2), 3: ("s", 0.0), 5: ("^", 0.2)}
+
+
+def _floor(report: CheckReport) -> float:
+    """Where an exact zero is drawn on the log axis: a decade under the smallest nonzero |dlogp| (1e-9 when none)."""
+    values = [
+        v
+        for s in report.steps
+        if s.step in PLOTTED
+        for d in (s.prefill, s.decode)
+        if d is not None
+        for v in d.per_token
+        if math.isfinite(v) and v > 0
+    ]
+    return min([*values, 1e-8]) / 10
+
+
+def figure(report: CheckReport) -> Figure:
+    """Per-token |dlogp| of steps 1, 3 and 5 on a log axis (exact zeros at a floor, said on the axis), each step
+    with its own marker and offset, its largest value in its legend entry, a failing step drawn on top in red."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    floor = _floor(report)
     fig, ax = plt.subplots(figsize=(9, 4))
     for s in report.steps:
-        if s.step in (1, 3, 5) and s.prefill is not None:
-            ax.plot(s.prefill.per_token, marker=".", linewidth=0.8, label=f"step {s.step}: {s.name} (prefill)")
-        if s.step in (1, 3, 5) and s.decode is not None:
-            ax.plot(s.decode.per_token, marker="x", linewidth=0.6, linestyle="--", label=f"step {s.step} (decode)")
+        if s.step not in PLOTTED:
+            continue
+        marker, offset = PLOTTED[s.step]
+        verdict = "ok" if s.passed else "FAIL"
+        style = {"zorder": 2} if s.passed else {"zorder": 5, "color": "red", "markersize": 7}
+        for path, diff, line in (("prefill", s.prefill, "-"), ("decode", s.decode, "--")):
+            if diff is None:
+                continue
+            xs = [i + offset for i in range(len(diff.per_token))]
+            ys = [max(v, floor) if math.isfinite(v) else math.nan for v in diff.per_token]
+            fill = "full" if path == "prefill" else "none"
+            label = f"step {s.step} {s.name} ({path}): {verdict}, max {diff.max:.2g}"
+            ax.plot(xs, ys, marker=marker, fillstyle=fill, linestyle=line, linewidth=0.7, label=label, **style)
     ax.axhline(report.config.mean_tol, color="grey", linestyle=":", label=f"mean tolerance {report.config.mean_tol}")
-    ax.set_yscale("symlog", linthresh=1e-4)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=floor / 2)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("token")
-    ax.set_ylabel("|trainer logp - sampler logp|")
+    ax.set_ylabel(f"|trainer logp - sampler logp|\n(0 drawn at {floor:.0e})")
     ax.set_title(f"handoff check: {'PASS' if report.passed else 'FAIL'}")
     ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def plot(report: CheckReport, path: str | Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(report)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, run_check
+from skyrl_glm.check.algorithm import CheckConfig, CheckReport, StepResult, check_vocabulary, run_check
 from skyrl_glm.check.faults import FAULT_TABLE, FAULTS, NO_FAULT, inject
 from skyrl_glm.check.probes import Probes, make_probes
-from skyrl_glm.check.scorers import require_vllm, require_vllm_serves
+from skyrl_glm.check.scorers import _engine_lora_rank, require_vllm, require_vllm_serves
 from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
@@ -158,6 +158,7 @@ def prepare(options: CheckOptions) -> CheckPlan:
     family, model_dir, config = resolve_model(options.model)
     if options.sampler.startswith("vllm"):
         require_vllm()
+        _engine_lora_rank(options.rank)  # a rank vLLM cannot serve: refused here, not after the engine starts
     if options.device == "cpu" and options.sampler.startswith("vllm") and family.vllm_cpu_dtype is None:
         raise UsageError(
             f"--model {options.model}: {family.name} ({family.hf_model_type}) has no vLLM CPU serving path; "
@@ -204,8 +205,10 @@ def check_expert_layout(layout: str, device: str, kinds: list[str]) -> None:
         raise UsageError(f"--expert-layout {layout} lays out routed-expert LoRA; the targets hold none")
 
 
-def _warm(side: Any, probes: Probes, generate: bool) -> Any:
-    """One scoring (and generation) on the base model: first-call costs leave the timed steps."""
+def _warm(side: Any, probes: Probes, generate: bool, name: str) -> Any:
+    """One scoring (and generation) on the base model: first-call costs leave the timed steps. Probes the side
+    cannot score are refused first (:func:`~skyrl_glm.check.algorithm.check_vocabulary`)."""
+    check_vocabulary(probes, (name, side))
     side.score(probes.sequences)
     if generate:
         side.generate(probes.prompts, probes.decode_tokens)
@@ -228,7 +231,7 @@ def build_sides(
             seed=options.config.seed,
             expert_groups=1 if options.expert_layout == SHARED_OUTER else expert_groups(options.expert_layout),
         )
-        return _warm(side, probes, generate=False)
+        return _warm(side, probes, generate=False, name="trainer")
 
     # Both sides import transformers, and through it accelerate, whose modules import each other in a cycle: two
     # threads importing them at once can meet a half-initialised module (ImportError on a cold start, seen in CI).
@@ -247,9 +250,14 @@ def build_sides(
             allow_unsupported=options.allow_unsupported_targets,
             expert_layout=options.expert_layout,
         )
-        _warm(sampler, probes, generate=options.config.decode)
-        trainer_built = trainer_side.result()
-    cleanup = [close] if (close := getattr(sampler, "close", None)) else []
+        cleanup = [close] if (close := getattr(sampler, "close", None)) else []
+        try:
+            _warm(sampler, probes, generate=options.config.decode, name="sampler")
+            trainer_built = trainer_side.result()
+        except BaseException:
+            for step in cleanup:  # the engine started: stopped before the error leaves
+                step()
+            raise
     return trainer_built, sampler, cleanup
 
 
@@ -287,6 +295,9 @@ def run(
     on_step: Callable[[StepResult], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
 ) -> CheckReport:
+    """The five-step check with these options. ``on_step`` gets each step's result as it ends; ``on_phase`` gets
+    the setup's progress lines, a line ending in ``" ..."`` opening a phase and the next closing it
+    (:class:`skyrl_glm.phases.Phases` prints them with their seconds)."""
     phase = on_phase or (lambda _msg: None)
     t0 = time.perf_counter()
     plan = prepare(options)
@@ -294,19 +305,23 @@ def run(
         options.workdir = options.workdir or tmp
         model_dir, kept = plan.model_dir, True
         if model_dir is None:
-            phase(f"preparing the tiny {plan.family.name} model")
+            phase(f"preparing the tiny {plan.family.name} model ...")
             model_dir, kept = tiny_model_dir(plan.family, Path(options.workdir))
-        phase(f"starting trainer ({options.trainer}) and sampler ({options.sampler})")
+            phase(f"tiny {plan.family.name} model ready")
+        phase(f"starting the trainer ({options.trainer}) and the sampler ({options.sampler}), warming both ...")
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
         trainer, sampler, publisher, cleanup = build(options, plan, model_dir, probes)
         t1 = time.perf_counter()
-        phase("running the five steps")
+        phase("trainer and sampler ready; running the five steps ...")
         try:
             report = run_check(trainer, sampler, publisher, probes, options.config, on_step=on_step)
+            phase("five steps done")
         finally:
+            t2 = time.perf_counter()
+            phase(f"stopping the sampler ({options.sampler}) ...")
             for step in cleanup:
                 step()
-        t2 = time.perf_counter()
+            phase("sampler stopped")
     report.info.update(
         {
             "model": plan.family.name,

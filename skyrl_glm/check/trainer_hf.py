@@ -111,6 +111,11 @@ class HfPeftTrainer:
         self.seed_lora_a(seed)
 
     @property
+    def vocab_size(self) -> int:
+        """The token ids the model scores (its input embedding's rows): the probes must stay below it."""
+        return int(self.model.get_input_embeddings().num_embeddings)
+
+    @property
     def lora_config(self) -> dict[str, Any]:
         """The PEFT config of :meth:`adapter`'s tensors (routed experts as per-expert target modules)."""
         return vllm_adapter_config(self.model.peft_config["default"].to_dict(), self._fused_experts)

@@ -13,11 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
+from skyrl_glm import terminal
 from skyrl_glm.usage import UsageError, writable_file
 
-console = Console(width=140, soft_wrap=True)
+console = terminal.console(soft_wrap=True)
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
@@ -78,11 +77,12 @@ def _canary_report(args: argparse.Namespace) -> int:
     summaries = [read_summary(path) for path in args.canary]
     for summary in summaries:
         print_step_table(summary, console)
-    print_runs(summaries, console, [run_name(path) for path in args.canary])
+    names = [run_name(path) for path in args.canary]
+    print_runs(summaries, console, names)
     if json_path is not None:
         json_path.write_text(json.dumps([s["steps"] for s in summaries], indent=2))
         console.print(f"wrote {json_path}", highlight=False)
-    console.print(f"wrote {plot_rewards(summaries, png)}", highlight=False)
+    console.print(f"wrote {plot_rewards(summaries, png, names)}", highlight=False)
     return 0
 
 

@@ -18,9 +18,13 @@ import logging
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skyrl_glm.strict_json import finite_number
 from skyrl_glm.usage import UsageError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^global_step_(\d+)_evals$")
@@ -185,7 +189,7 @@ def print_table(points: list[EvalPoint], console) -> None:
 
     table = Table(title="eval over training steps (mean@n = pass@1 estimate)")
     for col in ("step", "eval set", "prompts", "n", "mean@n", "pass@n", "mean length (tokens)", "at cap"):
-        table.add_column(col, justify="left" if col == "eval set" else "right")
+        table.add_column(col, justify="left" if col == "eval set" else "right", overflow="fold")
     for p in points:
         table.add_row(
             "-" if p.step is None else str(p.step),
@@ -200,12 +204,14 @@ def print_table(points: list[EvalPoint], console) -> None:
     console.print(table)
 
 
-def plot(points: list[EvalPoint], path: Path) -> Path:
-    """mean@n, pass@n, mean response length and cap share over steps, one line per eval set, in one PNG."""
+def figure(points: list[EvalPoint]) -> Figure:
+    """mean@n, pass@n, mean response length and cap share over steps, one line per eval set: shares on a 0-100 %
+    axis, lengths from 0, whole-step ticks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     panels = (
@@ -220,15 +226,29 @@ def plot(points: list[EvalPoint], path: Path) -> Path:
             series = [(p.step or 0, value(p)) for p in mine if value(p) is not None]
             if series:
                 xs, ys = zip(*series, strict=True)
-                (line,) = ax.plot(xs, ys, marker="o", label=source)
+                (line,) = ax.plot(xs, ys, marker="o", label=source, clip_on=False)
                 if ax is axes[0]:
-                    ax.plot(xs, [100 * p.pass_at_n for p in mine], ls="--", marker=".", color=line.get_color())
+                    pass_at_n = [100 * p.pass_at_n for p in mine]
+                    ax.plot(xs, pass_at_n, ls="--", marker=".", color=line.get_color(), clip_on=False)
+        if unit == "%":
+            ax.set_ylim(0, 100)  # a share: never past 0-100 %, whatever the margins
+        else:
+            ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.tight_layout()
+    return fig
+
+
+def plot(points: list[EvalPoint], path: Path) -> Path:
+    """:func:`figure` as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(points)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

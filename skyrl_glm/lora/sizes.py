@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from skyrl_glm import terminal
 from skyrl_glm.lora.bridge import bridge_export_specs
 from skyrl_glm.usage import positive_int
 
@@ -98,13 +99,12 @@ def family_sizes(
 
 def print_sizes_table(rows: Sequence[AdapterSizes], console: Any = None, *, by_kind: bool = True) -> None:
     """Rich table: public vs unique tensors and GB per adapter (and per kind of module)."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or terminal.console()
     table = Table(title="LoRA adapter: public (Bridge export) vs unique tensors")
     for col in ("model", "part", "rank", "public tensors", "public GB", "unique tensors", "unique GB", "ratio"):
-        table.add_column(col, justify="left" if col in ("model", "part") else "right")
+        table.add_column(col, justify="left" if col in ("model", "part") else "right", overflow="fold")
     for r in rows:
         table.add_row(
             r.model,

@@ -6,19 +6,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from skyrl_glm import terminal
 from skyrl_glm.plugins import registry
 from skyrl_glm.usage import name_list, writable_dir
 
-console = Console(width=140)
+console = terminal.console()
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
     table = Table(title="registered model adapters")
     for col in ("name", "model_type", "summary", "key facts", "default LoRA targets (vllm)"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for fam in registry().models.values():
         table.add_row(fam.name, fam.hf_model_type, fam.summary, fam.key_facts(), ", ".join(fam.lora.resolve()))
     console.print(table)

@@ -13,8 +13,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
+from skyrl_glm import terminal
 from skyrl_glm.usage import UsageError
 
 if TYPE_CHECKING:
@@ -23,14 +22,14 @@ if TYPE_CHECKING:
     from skyrl_glm.skyrl.config.hardware import HardwareConfig
     from skyrl_glm.skyrl.config.sections import GlmTrainConfig
 
-console = Console(width=140, soft_wrap=True)
+console = terminal.console(soft_wrap=True)
 
 RAY_PORT = 6379
 
 
 def _load(recipe: str, overrides: list[str], runnable: bool = True) -> GlmTrainConfig:
     """The recipe's config; ``runnable``: also what a run needs of this machine's environment (a multi-node run's
-    shared key directory), as ``recipes validate`` and ``train --dry-run`` check and ``recipes list`` does not."""
+    private key directory), as ``recipes validate`` and ``train --dry-run`` check and ``recipes list`` does not."""
     from skyrl_glm.skyrl.config.key_placement import key_problem
     from skyrl_glm.skyrl.config.recipes import load_config  # also layout vs hardware, sampler-safe targets
     from skyrl_glm.skyrl.config.sections import ConfigError
@@ -105,7 +104,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     table = Table(title="packaged recipes (skyrl-glm recipes show NAME)")
     for col in ("name", "model", "hardware", "what"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for name in packaged_recipes():
         path = resolve_recipe(name)
         try:
@@ -142,13 +141,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def launch_commands(
-    recipe: str, overrides: list[str], hw: HardwareConfig, placement: PlacementConfig
+    recipe: str, overrides: list[str], hw: HardwareConfig, placement: PlacementConfig, key_dir: str | None = None
 ) -> dict[str, list[str]]:
-    """Shell lines that start the run: on one node, and as a multi-node Ray cluster (head first)."""
+    """Shell lines that start the run: on one node, and as a multi-node Ray cluster (head first). ``key_dir``:
+    where the run's control key is made (:func:`skyrl_glm.skyrl.config.key_placement.key_dir`), which every node must
+    see; named in the multi-node lines."""
+    from skyrl_glm.skyrl.config.key_placement import default_key_dir, launch_lines
+
     train = shlex.join(["skyrl-glm", "train", recipe, *overrides])
     gpus = hw.gpus_per_node or placement.policy_num_gpus_per_node
     nodes = max(hw.nodes, 1)
     multi = [
+        *launch_lines(key_dir or str(default_key_dir())),
         f"# on the head node:  ray start --head --port={RAY_PORT} --num-gpus={gpus}",
         f"# on each of the other {nodes - 1} node(s):  ray start --address=<head-ip>:{RAY_PORT} --num-gpus={gpus}",
         f"RAY_ADDRESS=<head-ip>:{RAY_PORT} {train}   # on the head node; the job spreads over the cluster",
@@ -188,7 +192,10 @@ def dry_run(recipe: str, overrides: list[str], show_config: bool = False) -> int
         console.print("[bold]# per node (trainer ranks; engines: transport and sender of their LoRA sync):[/]")
         for line in placement_lines(t, cfg.generator.inference_engine, glm):
             console.print(f"#   {line}", highlight=False)
-    for where, commands in launch_commands(recipe, overrides, cfg.skyrl_glm.hardware, cfg.trainer.placement).items():
+    from skyrl_glm.skyrl.config.key_placement import key_dir
+
+    directory = key_dir(t, cfg.generator.inference_engine)
+    for where, commands in launch_commands(recipe, overrides, glm.hardware, t.placement, directory).items():
         console.print(f"[bold]# launch, {where}:[/]", highlight=False)
         for line in commands:
             print(line)

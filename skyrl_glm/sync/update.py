@@ -54,7 +54,11 @@ class AsyncSampler(Protocol):
 
 class Publisher(Protocol):
     """Hands one adapter version from the trainer to the sampler
-    (:class:`~skyrl_glm.sync.publisher.InMemoryPublisher`, :class:`~skyrl_glm.sync.publisher.DiskPublisher`)."""
+    (:class:`~skyrl_glm.sync.publisher.InMemoryPublisher`, :class:`~skyrl_glm.sync.publisher.DiskPublisher`).
+
+    The check calls ``publish`` at its steps 1 and 4 with the trainer's ``adapter()``, its ``lora_config`` and a
+    version above the sampler's; the sampler must serve that version afterwards when the answer is ``ok``
+    (docs/api.md, "The check's contract")."""
 
     def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult: ...
 

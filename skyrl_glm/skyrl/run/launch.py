@@ -174,7 +174,7 @@ def opening_lines(t: TrainerConfig, glm: GlmSection, log_file: Path, verbose: bo
     return [
         f"training {t.policy.model.path} ({t.strategy}, {steps}); LoRA sync {sync}; handoff check {check}",
         f"full log: {log_file} ({shown})",
-        "starting Ray, the policy workers and the vLLM server(s)",
+        "starting Ray ...",
     ]
 
 
@@ -247,6 +247,7 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
                 progress.info(line)
             _start_ray(cfg, env)
             t1 = time.perf_counter()
+            progress.info("Ray ready; starting the policy workers and the vLLM server(s) ...")
             try:
                 needs = gpu_needs(cfg.trainer, cfg.generator.inference_engine)
                 if (shortfall := ray_shortfall(needs, ray.cluster_resources())) is None:
@@ -276,11 +277,10 @@ def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:
         print(f"full log: {log_file}", file=sys.stderr)
         return usage.CHECK_FAILED
     if summary.steps:
-        from rich.console import Console
-
+        from skyrl_glm import terminal
         from skyrl_glm.canary.curves import print_step_table
 
-        print_step_table(summary.to_json(), Console(width=140, soft_wrap=True))
+        print_step_table(summary.to_json(), terminal.console(soft_wrap=True))
     for line in closing_lines(cfg.trainer, summary, summary_file, log_file, time.perf_counter() - t0):
         print(line)
     return 0
@@ -290,7 +290,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
     """Config from a command line, then :func:`run`; the exit code."""
     from skyrl_glm.skyrl.compat.trainer_stack import trainer_stack_problem
     from skyrl_glm.skyrl.config.hardware import visible_gpu_problem
-    from skyrl_glm.skyrl.config.key_placement import key_problem
+    from skyrl_glm.skyrl.config.key_placement import use_key_dir
     from skyrl_glm.skyrl.config.sections import ConfigError
     from skyrl_glm.skyrl.config.validation import missing_data
     from skyrl_glm.skyrl.run.run_log import log_to_stderr
@@ -306,7 +306,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
         if problem := trainer_stack_problem(cfg.trainer.strategy):
             raise ConfigError(problem)
         engine = cfg.generator.inference_engine
-        if problem := missing_data(cfg.data) or key_problem(cfg.trainer, engine) or setting_problem(makes_its_own=True):
+        if problem := missing_data(cfg.data) or use_key_dir(cfg.trainer, engine) or setting_problem(makes_its_own=True):
             raise ConfigError(problem)
         if not os.environ.get("RAY_ADDRESS") and (
             problem := visible_gpu_problem(cfg.trainer, engine, cpu=cfg.skyrl_glm.cpu)

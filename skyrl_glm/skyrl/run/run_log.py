@@ -4,7 +4,8 @@ SkyRL's loop streams every Ray worker's output (its loguru lines, vLLM's, Ray's 
 lines for two tiny steps. :class:`RunLog` points the driver's stdout and stderr (file descriptors, so Ray's
 C++ logs and child processes follow) at ``<trainer.log_path>/skyrl-glm-train-<time>.log`` and follows that file:
 the terminal gets the lines marked as progress (:data:`PROGRESS_MARK`, written by the ``skyrl_glm.progress``
-logger in whichever process the trainer runs), or every line with ``verbose``. Progress goes through the log
+logger in whichever process the trainer runs) as phases with their seconds (:class:`skyrl_glm.phases.Phases`),
+or every line with ``verbose``. Progress goes through the log
 because the trainer runs in a Ray task, possibly on another node: Ray's log stream is the one channel back.
 """
 
@@ -18,6 +19,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 from typing import TextIO
+
+from rich.console import Console
+
+from skyrl_glm.phases import Phases
 
 PROGRESS_LOGGER = "skyrl_glm.progress"
 PROGRESS_MARK = "[skyrl-glm progress] "
@@ -67,6 +72,7 @@ class RunLog:
         os.close(fd)
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+        self._phases = Phases(Console(file=self.terminal, soft_wrap=True))
         self._follower = threading.Thread(target=self._follow, name="skyrl-glm-run-log", daemon=True)
         self._follower.start()
         return self
@@ -77,6 +83,7 @@ class RunLog:
         self._stop.set()
         if self._follower is not None:
             self._follower.join(timeout=5)
+        self._phases.__exit__(*exc)  # type: ignore[arg-type]
         self.terminal.close()
         if self._saved is not None:
             os.dup2(self._saved[0], 1)
@@ -103,6 +110,7 @@ class RunLog:
                     time.sleep(FOLLOW_INTERVAL_S)
 
     def _show(self, line: str) -> None:
-        text = line if self.verbose else progress_text(line)
-        if text is not None:
-            self.terminal.write(text + "\n")
+        if self.verbose:
+            self.terminal.write(line + "\n")
+        elif (text := progress_text(line)) is not None:
+            self._phases.line(text)

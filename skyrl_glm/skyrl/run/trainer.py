@@ -130,7 +130,7 @@ class GlmPPOTrainer(RayPPOTrainer):
         )
         self.dispatch.save_weights_for_sampler = self._sync_then_check  # the instance attribute shadows the method
         check = " and the handoff check" if self.cfg.skyrl_glm.check.before_training else ""
-        progress.info("policy workers and vLLM up; first sync%s", check)
+        progress.info("policy workers and vLLM up; first sync%s ...", check)
 
     # -- the wrapped sync ------------------------------------------------------------------------------
     async def _sync_then_check(self, model_id: str | None = None) -> None:
