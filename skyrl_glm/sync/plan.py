@@ -184,13 +184,14 @@ _shape = operator.attrgetter("shape")
 
 
 def _new_layout(dedup: Dedup, config: dict[str, Any], lora_name: str, bucket_bytes: int) -> _Layout:
-    """Sort (``lora_B`` last, grouped by dtype: one contiguous region per dtype to fold), lay out, and write and
-    validate the manifest's layout (with placeholder checksums)."""
+    """Sort (``lora_B`` last, grouped by dtype: one contiguous region per dtype to fold; within a region equal
+    shapes together, in stream order: back to back at one stride, which the checksums off the GPU read as one view
+    per run and the receiver stacks a factor's groups from without a copy), lay out, and write and validate the
+    manifest's layout (with placeholder checksums)."""
     tensors = list(dedup.unique.values())
 
-    def place(i: int) -> tuple[bool, str]:
-        is_b = sent[i].endswith(LORA_B_SUFFIX)
-        return is_b, dtype_name(tensors[i].dtype) if is_b else ""
+    def place(i: int) -> tuple[bool, str, tuple[int, ...]]:
+        return sent[i].endswith(LORA_B_SUFFIX), dtype_name(tensors[i].dtype), tuple(tensors[i].shape)
 
     sent = list(dedup.unique)
     order = sorted(range(len(sent)), key=place)
