@@ -9,6 +9,8 @@ lora name, bucket size) must miss the cache and be laid out anew; a value check 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -47,7 +49,9 @@ def plan(tensors: dict, version: int, cache: PlanCache | None, **kw) -> SyncPlan
 
 
 def assert_same_plan(got: SyncPlan, want: SyncPlan) -> None:
-    assert got.manifest.to_json() == want.manifest.to_json()
+    text = got.manifest.to_json()
+    assert text == want.manifest.to_json()
+    assert json.dumps(json.loads(text), separators=(",", ":")) == text  # the layout's kept text: one dumps of all
     assert torch.equal(got.buffer, want.buffer)
 
 
