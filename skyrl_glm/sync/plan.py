@@ -264,7 +264,11 @@ def _build_plan(
     t2 = time.perf_counter()
     buffer = staging(laid.total, device)
     tensors = list(dedup.unique.values())
-    pack_into(buffer, laid.entries, [tensors[i] for i in laid.order])
+    # Typed views of the buffer, each its tensor's shape and dtype (the layout's key holds both): one fused copy into
+    # them, and they are the plan's tensors.
+    packed = views(buffer, laid.entries)
+    if packed:
+        torch._foreach_copy_(packed, [tensors[i] for i in laid.order])
     synchronize(buffer.device)
     t3 = time.perf_counter()
     if alpha != r:
@@ -281,4 +285,4 @@ def _build_plan(
         "checksum_s": t5 - t4,
         "manifest_s": t2 - t1 + time.perf_counter() - t5,
     }
-    return SyncPlan(manifest, views(buffer, laid.entries), dedup.public_count, dedup.public_bytes, timings, buffer)
+    return SyncPlan(manifest, packed, dedup.public_count, dedup.public_bytes, timings, buffer)
