@@ -163,7 +163,7 @@ class PlanCache:
             list(map(_dtype, tensors)),
             list(map(_shape, tensors)),
             list(dedup.runs),
-            dedup.explicit,
+            dict(dedup.explicit),
             config_json,
             lora_name,
             bucket_bytes,
