@@ -320,6 +320,12 @@ class Arrangement:
                 self._shared(experts, rows, entries, layout)
             else:
                 self._grouped(experts, rows, entries, layout, groups)  # type: ignore[arg-type]  # grouped: an int
+        specs = [*self.specs.values(), *(s for module in self.stacked_3d.values() for s in module.values())]
+        read = {*self.views.values(), *(x for pairs, _ in self.checks for _, *xy in pairs for x in xy)}
+        read.update(names[0] if how in ("one", "expand", "strided") else n for how, names in specs for n in names)
+        # the sent tensors apply() reads (a stack of a factor's groups back to back reads its first): only these
+        # are made views of (``manifest.views``); in stream order
+        self.reads: list[TensorEntry] = [e for e in manifest.tensors if e.name in read]
 
     def _shared(
         self, experts: str, rows: dict[tuple[str, str], list[str]], entries: Mapping[str, TensorEntry], layout: str
@@ -359,8 +365,9 @@ class Arrangement:
         self.stacked_3d[experts] = {f: _stack_spec(rows[f], entries) for f in wanted}
 
     def apply(self, sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The tensors vLLM loads for an update of this layout, ``sent`` its sent tensors as views of its received
-        stream (``manifest.views``); :class:`LayoutError` when its values break a check (nothing handed on then)."""
+        """The tensors vLLM loads for an update of this layout, ``sent`` its sent tensors (those of :attr:`reads` at
+        least) as views of its received stream (``manifest.views``); :class:`LayoutError` when its values break a
+        check (nothing handed on then)."""
         import torch
 
         for pairs, refusal in self.checks:

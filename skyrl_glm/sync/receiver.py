@@ -185,9 +185,14 @@ class AdapterReceiver:
                 more = "..." if len(bad_names) > 3 else ""
                 raise UpdateRejected(f"non-finite values (NaN/inf) in {bad_names[:3]}{more}")
         t3 = time.perf_counter()
-        sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
         try:
-            tensors = rebuild(manifest, sent) if self.layout == PER_EXPERT else self._arrangement(manifest).apply(sent)
+            if self.layout == PER_EXPERT:
+                sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
+                tensors = rebuild(manifest, sent)
+            else:  # views of the sent tensors the arrangement reads only (a factor's groups: one strided view)
+                arrangement = self._arrangement(manifest)
+                read = arrangement.reads
+                tensors = arrangement.apply(dict(zip((e.name for e in read), views(staging, read), strict=True)))
         except LayoutError as e:
             raise UpdateRejected(str(e)) from None
         timings = {
