@@ -189,3 +189,18 @@ def test_a_kept_arrangement_still_compares_values_the_structure_leaves_open() ->
         receive(bad, rx)
     assert rx.arranged is kept and rx.version == 1
     assert receive(plan(with_copy(2, 0.0), 3, None, lora_name="p"), rx).version == 3
+
+
+def test_a_mixed_dtype_adapter_is_packed_bit_for_bit() -> None:
+    """One fused copy per dtype into typed views of the stream: every sent tensor comes out as it went in (alpha
+    equal to r: no fold), fp32 and bf16 alike, with and without a kept layout."""
+    tensors = {k: (v.to(torch.bfloat16) if ".self_attn." in k else v) for k, v in export(0).items()}
+    assert {v.dtype for v in tensors.values()} == {torch.float32, torch.bfloat16}
+    cache = PlanCache()
+    config = adapter_config(RANK, RANK, TARGETS)
+    for version in (1, 2):
+        p = build_plan(tensors, adapter_config=config, lora_name="p", version=version, shared_storage=True, cache=cache)
+        sent = dict(zip((e.name for e in p.manifest.tensors), p.tensors, strict=True))
+        for name, t in sent.items():
+            assert t.dtype == tensors[name].dtype and torch.equal(t, tensors[name]), name
+    assert cache.hits == 1

@@ -133,6 +133,7 @@ class _Layout:
     regions, the checksum spans and the validated manifest (its per-update fields aside)."""
 
     order: list[int]  # the dedup's sent tensors, in packing order
+    by_dtype: list[list[int]]  # positions in packing order, per dtype (one fused copy each)
     entries: list[TensorEntry]
     total: int
     regions: list[tuple[str, int, int]]
@@ -210,7 +211,10 @@ def _new_layout(dedup: Dedup, config: dict[str, Any], lora_name: str, bucket_byt
     manifest.validate()
     manifest.layout_json  # noqa: B018 - written once per layout
     spans = [(e.offset, e.nbytes, e.dtype) for e in entries]
-    return _Layout(order, entries, total, _b_regions(entries), spans, manifest)
+    by_dtype: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        by_dtype.setdefault(e.dtype, []).append(i)
+    return _Layout(order, list(by_dtype.values()), entries, total, _b_regions(entries), spans, manifest)
 
 
 def build_plan(
@@ -264,11 +268,12 @@ def _build_plan(
     t2 = time.perf_counter()
     buffer = staging(laid.total, device)
     tensors = list(dedup.unique.values())
-    # Typed views of the buffer, each its tensor's shape and dtype (the layout's key holds both): one fused copy into
-    # them, and they are the plan's tensors.
+    # Typed views of the buffer, each its tensor's shape and dtype (the layout's key holds both): one fused copy per
+    # dtype into them (a fused kernel takes one dtype), and they are the plan's tensors.
     packed = views(buffer, laid.entries)
-    if packed:
-        torch._foreach_copy_(packed, [tensors[i] for i in laid.order])
+    ordered = [tensors[i] for i in laid.order]
+    for group in laid.by_dtype:
+        torch._foreach_copy_([packed[i] for i in group], [ordered[i] for i in group])
     synchronize(buffer.device)
     t3 = time.perf_counter()
     if alpha != r:
