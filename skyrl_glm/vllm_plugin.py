@@ -1,6 +1,7 @@
 """vLLM general plugin (entry point ``vllm.general_plugins``): runs in every vLLM process.
 
-* Installs SkyRL's in-memory LoRA loader (``skyrl-memory://<name>`` adapters built from staged tensors).
+* Installs SkyRL's in-memory LoRA loader (``skyrl-memory://<name>`` adapters built from staged tensors), and keeps
+  vLLM's LoRA name parses per name across loads (:mod:`skyrl_glm.sync.vllm.lora_names`).
 * Installs the shared-all and grouped expert layouts' slots (:mod:`skyrl_glm.sync.vllm.shared_factors`), on only
   in an engine that asks for it.
 * On CPU only: keeps the CPU fused-MoE backend when LoRA is enabled. vLLM otherwise forces the Triton
@@ -39,9 +40,10 @@ def register() -> None:
     from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import apply_lora_in_memory_patch
     from vllm.platforms import current_platform
 
-    from skyrl_glm.sync.vllm import route_guard, shared_factors
+    from skyrl_glm.sync.vllm import lora_names, route_guard, shared_factors
 
     apply_lora_in_memory_patch()
+    lora_names.install()
     route_guard.install()
     shared_factors.install()
     if current_platform.is_cpu():

@@ -43,3 +43,35 @@ def test_one_flipped_bit_changes_only_its_tensor():
     stream[spans[41][0] + 5] ^= 4
     after = span_checks(stream, spans)[0]
     assert [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b] == [41]
+
+
+def _runs_stream() -> tuple[torch.Tensor, list, list[torch.Tensor]]:
+    """Runs of equal tensors back to back, as a sender packs a factor's experts or groups: sizes on and off the
+    64-byte grid (padded), a lone one between runs, an empty one, and three dtypes."""
+    g = torch.Generator().manual_seed(3)
+    tensors: list[torch.Tensor] = []
+    for n, dtype, count in (
+        (1024, torch.bfloat16, 9),
+        (7, torch.float32, 5),
+        (513, torch.float16, 4),
+        (251 * 3, torch.float32, 6),
+        (0, torch.bfloat16, 2),
+        (300, torch.bfloat16, 1),
+        (300, torch.float16, 3),
+    ):
+        tensors += [torch.randn(n, generator=g).to(dtype) for _ in range(count)]
+    tensors[4][100] = float("inf")
+    tensors[17][0] = float("nan")
+    return (*packed(tensors), tensors)
+
+
+def test_runs_of_equal_tensors_are_checked_as_each_tensor_alone():
+    stream, spans, tensors = _runs_stream()
+    sums, finite = span_checks(stream, spans)
+    assert sums == [_reference(t) for t in tensors]
+    assert [i for i, ok in enumerate(finite) if not ok] == [4, 17]
+    for i in (2, 12, 20, 28):  # a flipped bit inside a run changes only its tensor
+        flipped = stream.clone()
+        flipped[spans[i][0] + min(3, spans[i][1] - 1)] ^= 1
+        after = span_checks(flipped, spans)[0]
+        assert [k for k, (a, b) in enumerate(zip(sums, after, strict=True)) if a != b] == [i]

@@ -16,7 +16,7 @@ from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, fold_value, is_lo
 from skyrl_glm.bench.verify import verify_rebuilt
 from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
 from skyrl_glm.sync.dedup import DedupMemo
-from skyrl_glm.sync.plan import synchronize
+from skyrl_glm.sync.plan import PlanCache, synchronize
 
 TIMED_PAIRS = 16  # exporter pairs timed at once
 
@@ -93,6 +93,7 @@ class Sender:
         self.config = adapter_config(opts.rank, opts.alpha, syn.targets)
         self.plan: Any = None
         self.memo = DedupMemo()  # ours, across the rounds: a sync of the same export is a sync like the last
+        self.plan_cache = PlanCache()  # ours, across the rounds: the plan's layout of an unchanged structure
 
     def export(self) -> TimedStream:
         """The bridge's stream of this sync: names without the PEFT prefix, in export order, on the device."""
@@ -184,6 +185,7 @@ class Sender:
             staging=self.transport.staging,
             shared_storage=shared,
             memo=self.memo,
+            cache=self.plan_cache,
         )
         timings = dict(plan.timings)
         if split:

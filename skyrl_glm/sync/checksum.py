@@ -9,13 +9,15 @@ truncation on the data channel (any change of one word changes the plain sum); i
 One computation, three uses: :func:`span_checks` over a packed stream (the sender's buffer, the receiver's
 staging buffer), :func:`checksums` of loose tensors (routing pieces), and :func:`fingerprints`, the sums the
 sender's dedup groups candidate duplicates by. On CUDA one Triton kernel reads every tensor through a table of
-addresses (one launch, one host transfer for any number of tensors); elsewhere numpy reductions per tensor.
+addresses (one launch, one host transfer for any number of tensors); elsewhere numpy reductions per run of
+equally sized tensors laid out at a constant stride.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,14 +54,57 @@ def _finite(words: np.ndarray, dtype: str) -> bool:
     return values.size == 0 or int(np.bitwise_and(values, mask, dtype=values.dtype).max()) != mask
 
 
+def _runs(spans: Sequence[Span]) -> list[tuple[int, int, int, int, str]]:
+    """``(first span, spans, word offset, word stride, dtype)`` for each run of consecutive spans of one word count
+    and dtype at a constant stride (a sender lays a factor's tensors back to back: thousands of spans are a few
+    hundred runs), so that a run is read as one ``[spans, words]`` strided view."""
+    runs: list[list[Any]] = []
+    words = [(n + 3) // 4 for _, n, _ in spans]
+    for i, (o, _, dt) in enumerate(spans):
+        w, o = words[i], o // 4
+        if runs:
+            first, count, start, stride, dtype = runs[-1]
+            last = start + (count - 1) * stride
+            step = o - last
+            if dtype == dt and words[first] == w and step >= w and (count == 1 or step == stride):
+                runs[-1][1:4] = count + 1, start, step
+                continue
+        runs.append([i, 1, o, w, dt])
+    return [tuple(r) for r in runs]
+
+
+def _run_checks(rows: np.ndarray, dtype: str, finite: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_word_sums` and :func:`_finite` of every row of ``rows`` (``[spans, words]`` int32) at once."""
+    count, size = rows.shape
+    weights = np.arange(1, _WEIGHT_PERIOD + 1, dtype=np.int64)
+    k = size - size % _WEIGHT_PERIOD
+    cols = rows[:, :k].reshape(count, -1, _WEIGHT_PERIOD).sum(1, dtype=np.int32).astype(np.int64)
+    tail = rows[:, k:].astype(np.int64)
+    plain = cols.sum(1) + tail.sum(1)
+    weighted = cols @ weights + tail @ weights[: size - k]
+    ok = np.ones(count, dtype=bool)
+    if finite and size:
+        mask, bits = _EXPONENT[dtype]
+        values = rows.view(np.int16) if bits == 16 else rows
+        ok = np.bitwise_and(values, mask, dtype=values.dtype).max(1) != mask
+    return plain & _MASK, weighted & _MASK, ok
+
+
 def _cpu_checks(words: np.ndarray, spans: Sequence[Span], finite: bool) -> list[tuple[int, int, bool]]:
-    """``(plain, weighted, finite)`` per span of ``words``. One thread: with int32 lanes the sums run at memory speed,
-    and a thread per core measured slower on 2 cores (3.9-5.5 vs 2.1 ms for a 30 MB sender stream)."""
-    out = []
-    for o, n, dt in spans:
-        w = words[o // 4 : (o + n + 3) // 4]
-        out.append((*_word_sums(w), _finite(w, dt) if finite else True))
-    return out
+    """``(plain, weighted, finite)`` per span of ``words``, a run of spans at a time (:func:`_runs`: numpy's work
+    per run, not per tensor). One thread: with int32 lanes the sums run at memory speed, and a thread per core
+    measured slower on 2 cores (3.9-5.5 vs 2.1 ms for a 30 MB sender stream)."""
+    plain = np.zeros(len(spans), dtype=np.int64)
+    weighted = np.zeros(len(spans), dtype=np.int64)
+    ok = np.ones(len(spans), dtype=bool)
+    for first, count, start, stride, dtype in _runs(spans):
+        size = (spans[first][1] + 3) // 4
+        rows = np.lib.stride_tricks.as_strided(
+            words[start:], (count, size), (stride * words.itemsize, words.itemsize), writeable=False
+        )
+        got = _run_checks(rows, dtype, finite)
+        plain[first : first + count], weighted[first : first + count], ok[first : first + count] = got
+    return list(zip(plain.tolist(), weighted.tolist(), ok.tolist(), strict=True))
 
 
 _TRITON: list = []

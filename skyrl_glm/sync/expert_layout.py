@@ -36,13 +36,14 @@ records (names, engine arguments) import nothing, so choosing a layout costs no 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-    from skyrl_glm.sync.manifest import Manifest
+    from skyrl_glm.sync.manifest import Manifest, TensorEntry
 
 PER_EXPERT = "per-expert"
 STACKED_3D = "stacked-3d"
@@ -191,86 +192,93 @@ def _complete(experts: str, factors: dict[tuple[str, str], list[str | None]]) ->
             raise LayoutError(f"{experts}: {proj}.lora_{ab} misses experts {missing[:4]} of {len(row)}")
 
 
-def _equal_rows(sent: Mapping[str, torch.Tensor], a: list[str], b: list[str]) -> int | None:
-    """The first expert whose tensors differ between ``a`` and ``b`` (same sent name = equal), else None. Rows that
-    name the same sent tensors (an exporter's declared sharing) are equal at C speed, with no step per expert."""
-    import torch
+# How one tensor handed to vLLM is built from the sent ones: decided per layout, built per update (:func:`_build`)
+_Spec = tuple[str, tuple[str, ...]]
 
+
+def _differing(a: list[str], b: list[str]) -> list[tuple[int, str, str]]:
+    """``(expert, a's sent name, b's)`` wherever the rows name different sent tensors: only these can differ in value.
+    Rows that name the same sent tensors (an exporter's declared sharing) give none at C speed, no step per expert."""
     if a == b:
-        return None
-    for e, (x, y) in enumerate(zip(a, b, strict=True)):
-        if x != y and not torch.equal(sent[x], sent[y]):
-            return e
-    return None
+        return []
+    return [(e, x, y) for e, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
 
 
-def _stack(sent: Mapping[str, torch.Tensor], row: list[str]) -> torch.Tensor:
-    """``[E, ...]`` of one factor, without a copy where it can: a broadcast view when every expert shows one sent
-    tensor, a view of the received stream when the row's tensors lie back to back in it (the sender packs a
-    factor's groups in stream order, each at a 64-byte offset: back to back wherever its bytes are a multiple of
-    64), else one stack."""
+def _first_unequal(sent: Mapping[str, torch.Tensor], pairs: list[tuple[int, str, str]]) -> int | None:
+    """The first expert of ``pairs`` whose two tensors differ in value, else None."""
     import torch
 
+    return next((e for e, x, y in pairs if not torch.equal(sent[x], sent[y])), None)
+
+
+def _stack_spec(row: list[str], entries: Mapping[str, TensorEntry]) -> _Spec:
+    """How to build ``[E, ...]`` of one factor without a copy where it can: ``expand``, a broadcast view, when every
+    expert shows one sent tensor; ``strided``, a view of the received stream, when the row's tensors lie back to
+    back in it (the sender packs a factor's groups in stream order, each at a 64-byte offset: back to back wherever
+    its bytes are a multiple of 64), read from the manifest's entries; else ``stack``, one copy."""
     if len(set(row)) == 1:
-        one = sent[row[0]]
-        return one.unsqueeze(0).expand(len(row), *one.shape)
-    tensors = [sent[s] for s in row]
-    first = tensors[0]
-    step = first.numel() * first.element_size()
-    alike = all(t.shape == first.shape and t.dtype == first.dtype and t.is_contiguous() for t in tensors)
-    if alike and all(t.data_ptr() == first.data_ptr() + i * step for i, t in enumerate(tensors)):
-        return first.as_strided((len(row), *first.shape), (first.numel(), *first.stride()))
-    return torch.stack(tensors)
+        return "expand", tuple(row)
+    first = entries[row[0]]
+    alike = all(
+        (e.dtype, e.shape, e.offset) == (first.dtype, first.shape, first.offset + i * first.nbytes)
+        for i, e in enumerate(map(entries.__getitem__, row))
+    )
+    return ("strided" if alike else "stack"), tuple(row)
 
 
-def _refuse_split_groups(
-    experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor], layout: str, groups: int
-) -> list[int]:
-    """The first expert of each of ``groups`` groups of consecutive experts, after making sure every expert of a
-    group shows its first expert's tensor in each of ``rows``' factors (the engine keeps one per group and would serve
-    the first's to all): :class:`LayoutError` naming the expert, the factor and the group otherwise."""
+def _build(spec: _Spec, sent: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The tensor ``spec`` describes (``one``: a sent tensor at expert-dim 1, or a stack of :func:`_stack_spec`),
+    from ``sent`` (the update's sent tensors, views of its stream)."""
+    import torch
+
+    how, names = spec
+    one = sent[names[0]]
+    if how == "one":
+        return one.unsqueeze(0)
+    if how == "expand":
+        return one.unsqueeze(0).expand(len(names), *one.shape)
+    if how == "strided":
+        return one.as_strided((len(names), *one.shape), (one.numel(), *one.stride()))
+    return torch.stack([sent[n] for n in names])
+
+
+# Pairs of sent tensors that must be equal in value, and the refusal if one pair is not (given its expert)
+_Check = tuple[list[tuple[int, str, str]], Callable[[int], str]]
+
+
+def _split_group(layout: str, experts: str, factor: str, size: int, e: int) -> str:
+    first = e - e % size
+    return (
+        f"expert layout {layout}: {experts} expert {e} has another {factor} than expert {first}, the first of its "
+        f"group of {size} (the engine keeps one per group and would serve expert {first}'s); use per-expert or "
+        "stacked-3d"
+    )
+
+
+def _split_gate_up(experts: str, e: int) -> str:
+    return (
+        f"expert layout stacked-3d: {experts} expert {e} has different gate_proj and up_proj lora_A "
+        "(vLLM's 3D format holds one gate/up lora_A per expert); use per-expert"
+    )
+
+
+def _group_checks(
+    experts: str, rows: dict[tuple[str, str], list[str]], layout: str, groups: int
+) -> tuple[list[int], list[_Check]]:
+    """The first expert of each of ``groups`` groups of consecutive experts, and per factor of ``rows`` the value
+    checks that every expert of a group shows its first expert's tensor (the engine keeps one per group and would
+    serve the first's to all)."""
     experts_count = len(next(iter(rows.values())))
     if experts_count % groups:
         raise LayoutError(f"expert layout {layout}: {experts} has {experts_count} experts, not {groups} equal groups")
     size = experts_count // groups
     heads = list(range(0, experts_count, size))
+    checks = []
     for (proj, ab), row in rows.items():
-        differs = _equal_rows(sent, row, [row[e - e % size] for e in range(experts_count)])
-        if differs is not None:
-            first = differs - differs % size
-            raise LayoutError(
-                f"expert layout {layout}: {experts} expert {differs} has another {proj}.lora_{ab} than expert {first}, "
-                f"the first of its group of {size} (the engine keeps one per group and would serve expert {first}'s); "
-                "use per-expert or stacked-3d"
-            )
-    return heads
-
-
-def _shared(
-    experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor], layout: str
-) -> dict:
-    """shared-outer or shared-all: the factors vLLM keeps once per layer as ``[1, ...]`` (refused where an expert
-    differs from expert 0), the others ``[E, ...]`` (shared-all keeps expert 0's slot of them, so these must be
-    shared too: a broadcast view each)."""
-    shared = FACTORS if layout == SHARED_ALL else SHARED_FACTORS
-    _refuse_split_groups(experts, {f: rows[f] for f in shared}, sent, layout, 1)
-    out = {}
-    for proj, ab in FACTORS:
-        row = rows[(proj, ab)]
-        one = (proj, ab) in SHARED_FACTORS
-        out[f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"] = sent[row[0]].unsqueeze(0) if one else _stack(sent, row)
-    return out
-
-
-def _grouped(
-    experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor], layout: str, groups: int
-) -> dict:
-    """grouped:G: shared-outer's ``experts.w{1,2,3}`` names, every factor ``[G, ...]`` (its groups' first experts)."""
-    heads = _refuse_split_groups(experts, rows, sent, layout, groups)
-    return {
-        f"{experts}.{SLOTS[proj]}.lora_{ab}.weight": _stack(sent, [rows[(proj, ab)][e] for e in heads])
-        for proj, ab in FACTORS
-    }
+        pairs = _differing(row, [row[e - e % size] for e in range(experts_count)])
+        if pairs:
+            checks.append((pairs, partial(_split_group, layout, experts, f"{proj}.lora_{ab}", size)))
+    return heads, checks
 
 
 def _rank_major(b: torch.Tensor) -> torch.Tensor:
@@ -279,44 +287,110 @@ def _rank_major(b: torch.Tensor) -> torch.Tensor:
     return b.permute(1, 2, 0).reshape(out, r * num_experts)
 
 
-def _stacked_3d(experts: str, rows: dict[tuple[str, str], list[str]], sent: Mapping[str, torch.Tensor]) -> dict:
-    import torch
+class Arrangement:
+    """How the updates of one manifest layout are handed to vLLM in one expert layout (see :func:`arrange`), worked
+    out once from the alias structure and the entries: which names pass as views, each experts module's rows, the
+    stack of each factor, and the few value checks left (pairs of distinct sent tensors that must be equal; none
+    for an exporter's declared sharing). :meth:`apply` then costs a step per output tensor and per value check,
+    none per public name. Valid for manifests of the same layout only: :class:`~skyrl_glm.sync.receiver.
+    AdapterReceiver` keeps one per accepted layout, keyed by the manifest's layout identity
+    (:attr:`~skyrl_glm.sync.manifest.Manifest.layout_key`) and the engine's layout; any other layout makes a new one.
+    Raises :class:`LayoutError` when no update of the layout can be served so."""
 
-    differs = _equal_rows(sent, rows[("gate_proj", "A")], rows[("up_proj", "A")])
-    if differs is not None:
-        raise LayoutError(
-            f"expert layout stacked-3d: {experts} expert {differs} has different gate_proj and up_proj lora_A "
-            "(vLLM's 3D format holds one gate/up lora_A per expert); use per-expert"
-        )
-    gate_up_a = _stack(sent, rows[("gate_proj", "A")])
-    gate_up_b = torch.cat([_stack(sent, rows[("gate_proj", "B")]), _stack(sent, rows[("up_proj", "B")])], dim=1)
-    down_a, down_b = _stack(sent, rows[("down_proj", "A")]), _stack(sent, rows[("down_proj", "B")])
-    return {
-        f"{experts}.base_layer.lora_A.weight": gate_up_a.reshape(-1, gate_up_a.shape[-1]),
-        f"{experts}.base_layer.lora_B.weight": _rank_major(gate_up_b),
-        f"{experts}.lora_A.weight": down_a.reshape(-1, down_a.shape[-1]),
-        f"{experts}.lora_B.weight": _rank_major(down_b),
-    }
+    def __init__(self, manifest: Manifest, layout: str) -> None:
+        groups = expert_groups(layout)
+        if layout not in (STACKED_3D, SHARED_OUTER, SHARED_ALL) and groups is None:
+            raise LayoutError(
+                f"arrange builds {STACKED_3D}, {SHARED_OUTER}, {SHARED_ALL} or {GROUPED}:G, not {layout!r}"
+            )
+        owners, others, other_runs = _owners(manifest)
+        self.views: dict[str, str] = dict(others)  # public name -> its sent name, handed on as it is
+        for run in other_runs:
+            self.views.update(dict.fromkeys(run.names(), run.sent))
+        entries = {e.name: e for e in manifest.tensors}
+        self.specs: dict[str, _Spec] = {}  # per experts module, in order: its output names -> how each is built
+        self.stacked_3d: dict[str, dict[tuple[str, str], _Spec]] = {}  # stacked-3d: per experts module, its stacks
+        self.checks: list[_Check] = []
+        for experts, factors in owners.items():
+            _complete(experts, factors)
+            rows: dict[tuple[str, str], list[str]] = factors  # type: ignore[assignment]  # complete: no None left
+            if layout == STACKED_3D:
+                self._stacked_3d(experts, rows, entries)
+            elif layout in (SHARED_OUTER, SHARED_ALL):
+                self._shared(experts, rows, entries, layout)
+            else:
+                self._grouped(experts, rows, entries, layout, groups)  # type: ignore[arg-type]  # grouped: an int
+        specs = [*self.specs.values(), *(s for module in self.stacked_3d.values() for s in module.values())]
+        read = {*self.views.values(), *(x for pairs, _ in self.checks for _, *xy in pairs for x in xy)}
+        read.update(names[0] if how in ("one", "expand", "strided") else n for how, names in specs for n in names)
+        # the sent tensors apply() reads (a stack of a factor's groups back to back reads its first): only these
+        # are made views of (``manifest.views``); in stream order
+        self.reads: list[TensorEntry] = [e for e in manifest.tensors if e.name in read]
+
+    def _shared(
+        self, experts: str, rows: dict[tuple[str, str], list[str]], entries: Mapping[str, TensorEntry], layout: str
+    ) -> None:
+        """shared-outer or shared-all: the factors vLLM keeps once per layer as ``[1, ...]`` (refused where an expert
+        differs from expert 0), the others ``[E, ...]`` (shared-all keeps expert 0's slot of them, so these must be
+        shared too: a broadcast view each)."""
+        shared = FACTORS if layout == SHARED_ALL else SHARED_FACTORS
+        self.checks += _group_checks(experts, {f: rows[f] for f in shared}, layout, 1)[1]
+        for proj, ab in FACTORS:
+            row, name = rows[(proj, ab)], f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"
+            self.specs[name] = ("one", (row[0],)) if (proj, ab) in SHARED_FACTORS else _stack_spec(row, entries)
+
+    def _grouped(
+        self,
+        experts: str,
+        rows: dict[tuple[str, str], list[str]],
+        entries: Mapping[str, TensorEntry],
+        layout: str,
+        groups: int,
+    ) -> None:
+        """grouped:G: shared-outer's ``experts.w{1,2,3}`` names, every factor ``[G, ...]`` (its groups' first
+        experts)."""
+        heads, checks = _group_checks(experts, rows, layout, groups)
+        self.checks += checks
+        for proj, ab in FACTORS:
+            name = f"{experts}.{SLOTS[proj]}.lora_{ab}.weight"
+            self.specs[name] = _stack_spec([rows[(proj, ab)][e] for e in heads], entries)
+
+    def _stacked_3d(
+        self, experts: str, rows: dict[tuple[str, str], list[str]], entries: Mapping[str, TensorEntry]
+    ) -> None:
+        pairs = _differing(rows[("gate_proj", "A")], rows[("up_proj", "A")])
+        if pairs:
+            self.checks.append((pairs, partial(_split_gate_up, experts)))
+        wanted = (("gate_proj", "A"), ("gate_proj", "B"), ("up_proj", "B"), ("down_proj", "A"), ("down_proj", "B"))
+        self.stacked_3d[experts] = {f: _stack_spec(rows[f], entries) for f in wanted}
+
+    def apply(self, sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors vLLM loads for an update of this layout, ``sent`` its sent tensors (those of :attr:`reads` at
+        least) as views of its received stream (``manifest.views``); :class:`LayoutError` when its values break a
+        check (nothing handed on then)."""
+        import torch
+
+        for pairs, refusal in self.checks:
+            e = _first_unequal(sent, pairs)
+            if e is not None:
+                raise LayoutError(refusal(e))
+        out = dict(zip(self.views, map(sent.__getitem__, self.views.values()), strict=True))
+        for name, spec in self.specs.items():
+            out[name] = _build(spec, sent)
+        for experts, specs in self.stacked_3d.items():
+            gate_up_a = _build(specs[("gate_proj", "A")], sent)
+            gate_up_b = torch.cat([_build(specs[("gate_proj", "B")], sent), _build(specs[("up_proj", "B")], sent)], 1)
+            down_a, down_b = _build(specs[("down_proj", "A")], sent), _build(specs[("down_proj", "B")], sent)
+            out[f"{experts}.base_layer.lora_A.weight"] = gate_up_a.reshape(-1, gate_up_a.shape[-1])
+            out[f"{experts}.base_layer.lora_B.weight"] = _rank_major(gate_up_b)
+            out[f"{experts}.lora_A.weight"] = down_a.reshape(-1, down_a.shape[-1])
+            out[f"{experts}.lora_B.weight"] = _rank_major(down_b)
+        return out
 
 
 def arrange(manifest: Manifest, sent: Mapping[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
     """The tensors vLLM loads for this update in ``layout``: every public name that is not a routed-expert name
     as it is (a view of its sent tensor), the routed experts per experts module in the layout. Raises
-    :class:`LayoutError` when the update cannot be served so (nothing is handed on then)."""
-    groups = expert_groups(layout)
-    if layout not in (STACKED_3D, SHARED_OUTER, SHARED_ALL) and groups is None:
-        raise LayoutError(f"arrange builds {STACKED_3D}, {SHARED_OUTER}, {SHARED_ALL} or {GROUPED}:G, not {layout!r}")
-    owners, others, other_runs = _owners(manifest)
-    out = {name: sent[s] for name, s in others.items()}
-    for run in other_runs:
-        out.update(dict.fromkeys(run.names(), sent[run.sent]))
-    for experts, factors in owners.items():
-        _complete(experts, factors)
-        rows: dict[tuple[str, str], list[str]] = factors  # type: ignore[assignment]  # complete: no None left
-        if layout == STACKED_3D:
-            out.update(_stacked_3d(experts, rows, sent))
-        elif layout in (SHARED_OUTER, SHARED_ALL):
-            out.update(_shared(experts, rows, sent, layout))
-        else:
-            out.update(_grouped(experts, rows, sent, layout, groups))  # type: ignore[arg-type]  # grouped: an int
-    return out
+    :class:`LayoutError` when the update cannot be served so (nothing is handed on then). ``sent``: the views of
+    the update's received stream (``manifest.views``); a receiver of many updates keeps the :class:`Arrangement`."""
+    return Arrangement(manifest, layout).apply(sent)

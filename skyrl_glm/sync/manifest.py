@@ -11,6 +11,7 @@ only the per-update fields are checked (validation is a pure function of the lay
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import marshal
 import math
@@ -103,6 +104,7 @@ def pack_entries(items: Iterable[tuple[str, str, tuple[int, ...], int]]) -> tupl
     return tuple(entries), offset
 
 
+_SEPARATORS = (",", ":")
 MAX_INT = 2**63 - 1  # versions, sizes and offsets must fit an int64 (vLLM serialises results with msgpack)
 # Caps checked before the work they bound (a full GLM-5.3 rank-32 update: 0.26 MB of JSON, 1,389 tensors, 116,292
 # public names of ~80 characters; SkyRL's explicit {public: sent} form of it is 17 MB): a peer cannot make the
@@ -237,7 +239,8 @@ def _layout_key(layout: dict[str, Any]) -> bytes | None:
         return None
 
 
-_LAYOUT_CACHES = ("names", "spans", "run_names")  # what Manifest derives from its layout alone (cached properties)
+# what Manifest derives from its layout alone (cached properties), handed on to a manifest of the same layout
+_LAYOUT_CACHES = ("names", "spans", "run_names", "layout_json")
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,9 @@ class Manifest:
             ranges.append((start, end))
         return ranges
 
-    def to_json(self) -> str:
+    @cached_property
+    def layout_json(self) -> str:
+        """The ``layout`` object as JSON text (written once per layout: :meth:`with_update` hands it on)."""
         layout = {
             "lora_name": self.lora_name,
             "adapter_config": self.adapter_config,
@@ -326,14 +331,24 @@ class Manifest:
             "total_bytes": self.total_bytes,
             "bucket_bytes": self.bucket_bytes,
         }
-        d = {
-            "format": self.format,
-            "version": self.version,
-            "checksums": self.checksums,
-            "layout": layout,
-            "extra": self.extra,
-        }
-        return json.dumps(d, separators=(",", ":"))
+        return json.dumps(layout, separators=_SEPARATORS)
+
+    def to_json(self) -> str:
+        """The manifest as compact JSON: the per-update fields around the layout's text (the same text as one
+        ``json.dumps`` of the whole object)."""
+        head = {"format": self.format, "version": self.version, "checksums": self.checksums}
+        extra = json.dumps(self.extra, separators=_SEPARATORS)
+        return f'{json.dumps(head, separators=_SEPARATORS)[:-1]},"layout":{self.layout_json},"extra":{extra}}}'
+
+    def with_update(self, version: int, checksums: str, extra: dict[str, Any] | None = None) -> Manifest:
+        """This layout with another update's ``version``, ``checksums`` and ``extra``: the layout's objects and
+        everything derived from them alone (name index, spans, run names, layout JSON) are shared, and only the
+        per-update fields are checked (validation is a pure function of the layout)."""
+        m = dataclasses.replace(self, version=version, checksums=checksums, extra={} if extra is None else extra)
+        m.__dict__.update({k: self.__dict__[k] for k in _LAYOUT_CACHES if k in self.__dict__})
+        object.__setattr__(m, "layout_key", self.layout_key)
+        m._check_update_fields()
+        return m
 
     @classmethod
     def from_json(cls, text: str, known: Manifest | None = None) -> Manifest:

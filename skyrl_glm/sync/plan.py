@@ -16,6 +16,8 @@ Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT stat
 
 from __future__ import annotations
 
+import json
+import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 
 from skyrl_glm.sync.checksum import span_checks
 from skyrl_glm.sync.dedup import Dedup, DedupMemo, deduplicate
-from skyrl_glm.sync.manifest import DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
+from skyrl_glm.sync.manifest import CHECKSUM_CHARS, DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
 from skyrl_glm.sync.nogc import paused_gc
 
 DEFAULT_BUCKET_BYTES = 512 << 20
@@ -101,8 +103,8 @@ class SyncPlan:
             yield start, self.buffer[start:end]
 
 
-def _fold_regions(buffer: torch.Tensor, entries: Sequence[TensorEntry], r: int, alpha: float) -> None:
-    """SkyRL's fold over each contiguous run of ``lora_B`` tensors of one dtype (the layout puts them last)."""
+def _b_regions(entries: Sequence[TensorEntry]) -> list[tuple[str, int, int]]:
+    """``(dtype, start, end)`` of each contiguous run of ``lora_B`` tensors of one dtype (the layout puts them last)."""
     regions: list[list[Any]] = []  # [dtype, start, end]
     for e in entries:
         if not e.name.endswith(LORA_B_SUFFIX):
@@ -111,6 +113,11 @@ def _fold_regions(buffer: torch.Tensor, entries: Sequence[TensorEntry], r: int, 
             regions[-1][2] = e.offset + e.nbytes
         else:
             regions.append([e.dtype, e.offset, e.offset + e.nbytes])
+    return [(dtype, start, end) for dtype, start, end in regions]
+
+
+def _fold_regions(buffer: torch.Tensor, regions: Sequence[tuple[str, int, int]], r: int, alpha: float) -> None:
+    """SkyRL's fold over each ``lora_B`` region (:func:`_b_regions`)."""
     key = "region" + LORA_B_SUFFIX
     for dtype, start, end in regions:
         region = buffer[start:end].view(DTYPES[dtype])
@@ -118,6 +125,96 @@ def _fold_regions(buffer: torch.Tensor, entries: Sequence[TensorEntry], r: int, 
         step = region.numel() if region.is_cuda else _FOLD_PIECE
         for piece in region.split(step):
             piece.copy_(fold_lora_alpha_for_vllm({key: piece}, config_rank=r, alpha=alpha)[key])
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What a plan derives from the adapter's structure alone: the packing order, the entries, the ``lora_B``
+    regions, the checksum spans and the validated manifest (its per-update fields aside)."""
+
+    order: list[int]  # the dedup's sent tensors, in packing order
+    by_dtype: list[list[int]]  # positions in packing order, per dtype (one fused copy each)
+    entries: list[TensorEntry]
+    total: int
+    regions: list[tuple[str, int, int]]
+    spans: list[tuple[int, int, str]]
+    manifest: Manifest
+
+
+class PlanCache:
+    """The last plan's :class:`_Layout`, held by a sender across the updates of a run: an adapter's structure is the
+    same every update (only the values change), so an update of the same structure skips the sort, the layout, the
+    manifest's validation and its JSON layout text, and pays only the per-update work (pack, fold, checksums).
+
+    Key (every part must be equal for a hit, else the layout is made anew and remembered): the sent names in order,
+    each sent tensor's dtype and shape, the alias runs, the explicit aliases, the adapter config as folded (its
+    JSON text: ``1`` and ``1.0`` differ), ``lora_name`` and ``bucket_bytes``. Per sent tensor and per alias rule,
+    never per public name; a renamed, added, dropped, reshaped or retyped tensor, or sharing that changed, misses."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.layout: _Layout | None = None
+        self.hits = 0
+
+    @staticmethod
+    def key_of(dedup: Dedup, config_json: str, lora_name: str, bucket_bytes: int) -> tuple:
+        tensors = dedup.unique.values()
+        return (
+            list(dedup.unique),
+            list(map(_dtype, tensors)),
+            list(map(_shape, tensors)),
+            list(dedup.runs),
+            dict(dedup.explicit),
+            config_json,
+            lora_name,
+            bucket_bytes,
+        )
+
+    def get(self, key: tuple) -> _Layout | None:
+        if self.layout is None or key != self.key:
+            return None
+        self.hits += 1
+        return self.layout
+
+    def put(self, key: tuple, layout: _Layout) -> None:
+        self.key, self.layout = key, layout
+
+
+_dtype = operator.attrgetter("dtype")
+_shape = operator.attrgetter("shape")
+
+
+def _new_layout(dedup: Dedup, config: dict[str, Any], lora_name: str, bucket_bytes: int) -> _Layout:
+    """Sort (``lora_B`` last, grouped by dtype: one contiguous region per dtype to fold; within a region equal
+    shapes together, in stream order: back to back at one stride, which the checksums off the GPU read as one view
+    per run and the receiver stacks a factor's groups from without a copy), lay out, and write and validate the
+    manifest's layout (with placeholder checksums)."""
+    tensors = list(dedup.unique.values())
+
+    def place(i: int) -> tuple[bool, str, tuple[int, ...]]:
+        return sent[i].endswith(LORA_B_SUFFIX), dtype_name(tensors[i].dtype), tuple(tensors[i].shape)
+
+    sent = list(dedup.unique)
+    order = sorted(range(len(sent)), key=place)
+    entries, total = layout({sent[i]: tensors[i] for i in order})
+    manifest = Manifest(
+        version=0,
+        lora_name=lora_name,
+        adapter_config=config,
+        tensors=tuple(entries),
+        aliases=dedup.explicit,
+        total_bytes=total,
+        bucket_bytes=bucket_bytes,
+        checksums="0" * CHECKSUM_CHARS * len(entries),
+        alias_runs=tuple(dedup.runs),
+    )
+    manifest.validate()
+    manifest.layout_json  # noqa: B018 - written once per layout
+    spans = [(e.offset, e.nbytes, e.dtype) for e in entries]
+    by_dtype: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        by_dtype.setdefault(e.dtype, []).append(i)
+    return _Layout(order, list(by_dtype.values()), entries, total, _b_regions(entries), spans, manifest)
 
 
 def build_plan(
@@ -130,13 +227,17 @@ def build_plan(
     staging: Staging = zeroed,
     shared_storage: bool = False,
     memo: DedupMemo | None = None,
+    cache: PlanCache | None = None,
 ) -> SyncPlan:
     """Deduplicate, pack, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, write the manifest.
     ``staging(nbytes, device)`` gives the zeroed stream buffer (a transport's shared memory, say);
     ``shared_storage``, ``memo``: see :func:`deduplicate`. A :class:`~skyrl_glm.sync.dedup.Dedup` is an adapter already
-    deduplicated as its stream arrived (the Megatron sync), planned as it is."""
+    deduplicated as its stream arrived (the Megatron sync), planned as it is. ``cache``: the sender's
+    :class:`PlanCache`, kept across updates (an update of the last one's structure reuses its layout)."""
     with paused_gc():
-        return _build_plan(adapter, adapter_config, lora_name, version, bucket_bytes, staging, shared_storage, memo)
+        return _build_plan(
+            adapter, adapter_config, lora_name, version, bucket_bytes, staging, shared_storage, memo, cache
+        )
 
 
 def _build_plan(
@@ -148,49 +249,45 @@ def _build_plan(
     staging: Staging,
     shared_storage: bool,
     memo: DedupMemo | None,
+    cache: PlanCache | None,
 ) -> SyncPlan:
     t0 = time.perf_counter()
     dedup = adapter if isinstance(adapter, Dedup) else deduplicate(adapter, shared_storage=shared_storage, memo=memo)
     device = next(iter(dedup.unique.values())).device if dedup.unique else torch.device("cpu")
     synchronize(device)
+    t1 = time.perf_counter()
+    plain = jsonable_config(adapter_config)
+    r, alpha = plain["r"], plain.get("lora_alpha", plain["r"])
+    config = mark_alpha_folded(plain)
+    key = PlanCache.key_of(dedup, json.dumps(config), lora_name, bucket_bytes) if cache is not None else ()
+    laid = cache.get(key) if cache is not None else None
+    if laid is None:
+        laid = _new_layout(dedup, config, lora_name, bucket_bytes)
+        if cache is not None:
+            cache.put(key, laid)
     t2 = time.perf_counter()
-    config = jsonable_config(adapter_config)
-    r, alpha = config["r"], config.get("lora_alpha", config["r"])
-
-    # lora_B last, grouped by dtype: one contiguous region per dtype to fold.
-    def place(name: str) -> tuple[bool, str]:
-        is_b = name.endswith(LORA_B_SUFFIX)
-        return is_b, dtype_name(dedup.unique[name].dtype) if is_b else ""
-
-    ordered = {n: dedup.unique[n] for n in sorted(dedup.unique, key=place)}
-    entries, total = layout(ordered)
-    buffer = staging(total, device)
-    pack_into(buffer, entries, list(ordered.values()))
+    buffer = staging(laid.total, device)
+    tensors = list(dedup.unique.values())
+    # Typed views of the buffer, each its tensor's shape and dtype (the layout's key holds both): one fused copy per
+    # dtype into them (a fused kernel takes one dtype), and they are the plan's tensors.
+    packed = views(buffer, laid.entries)
+    ordered = [tensors[i] for i in laid.order]
+    for group in laid.by_dtype:
+        torch._foreach_copy_([packed[i] for i in group], [ordered[i] for i in group])
     synchronize(buffer.device)
     t3 = time.perf_counter()
     if alpha != r:
-        _fold_regions(buffer, entries, r, alpha)
+        _fold_regions(buffer, laid.regions, r, alpha)
     synchronize(buffer.device)  # CUDA work is asynchronous: without this the fold's time lands in the checksum stage
     t4 = time.perf_counter()
-    sums, _ = span_checks(buffer, [(e.offset, e.nbytes, e.dtype) for e in entries], finite=False)
+    sums, _ = span_checks(buffer, laid.spans, finite=False)
     t5 = time.perf_counter()
-    manifest = Manifest(
-        version=version,
-        lora_name=lora_name,
-        adapter_config=mark_alpha_folded(config),
-        tensors=tuple(entries),
-        aliases=dedup.explicit,
-        total_bytes=total,
-        bucket_bytes=bucket_bytes,
-        checksums="".join(sums),
-        alias_runs=tuple(dedup.runs),
-    )
-    manifest.validate()
+    manifest = laid.manifest.with_update(version, "".join(sums))
     timings = {
-        "dedup_s": t2 - t0,
+        "dedup_s": t1 - t0,
         "pack_s": t3 - t2,
         "fold_s": t4 - t3,
         "checksum_s": t5 - t4,
-        "manifest_s": time.perf_counter() - t5,
+        "manifest_s": t2 - t1 + time.perf_counter() - t5,
     }
-    return SyncPlan(manifest, views(buffer, entries), dedup.public_count, dedup.public_bytes, timings, buffer)
+    return SyncPlan(manifest, packed, dedup.public_count, dedup.public_bytes, timings, buffer)

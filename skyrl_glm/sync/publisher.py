@@ -24,7 +24,7 @@ from typing import Any
 from safetensors.torch import save_file
 
 from skyrl_glm.sync.dedup import DedupMemo
-from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, SyncPlan, build_plan, jsonable_config
+from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, PlanCache, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.update import Adapter, AsyncSampler, Sampler, UpdateResult
 
@@ -41,13 +41,15 @@ class InMemoryPublisher:
         shared_storage: bool = False,
     ) -> None:
         """``shared_storage``: the exporter hands out one storage per shared tensor (see ``plan.deduplicate``); the
-        publisher then remembers each update's layout for the next (``dedup.DedupMemo``)."""
+        publisher then remembers each update's layout for the next (``dedup.DedupMemo``). Whatever the exporter, the
+        publisher keeps the last plan's layout (``plan.PlanCache``: reused while the adapter's structure holds)."""
         self.sampler = sampler
         self.transport = transport
         self.lora_name = lora_name
         self.bucket_bytes = bucket_bytes
         self.shared_storage = shared_storage
         self.memo = DedupMemo() if shared_storage else None
+        self.plan_cache = PlanCache()
 
     def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
         """Plan straight into the transport's staging memory (send it with :meth:`send` before the next plan); a
@@ -62,6 +64,7 @@ class InMemoryPublisher:
                 staging=self.transport.staging,
                 shared_storage=self.shared_storage,
                 memo=self.memo,
+                cache=self.plan_cache,
             )
         except BaseException:
             self.transport.release()

@@ -16,7 +16,7 @@ import torch
 from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases
 
 from skyrl_glm.sync.checksum import span_checks
-from skyrl_glm.sync.expert_layout import PER_EXPERT, LayoutError, arrange
+from skyrl_glm.sync.expert_layout import PER_EXPERT, Arrangement, LayoutError
 from skyrl_glm.sync.manifest import Manifest, ManifestError, views
 from skyrl_glm.sync.nogc import paused_gc
 from skyrl_glm.sync.transports.base import Transport, TransportError
@@ -96,13 +96,16 @@ class AdapterReceiver:
     engine then loads it (the version order is commit's, checked separately).
 
     ``layout``: the engine's routed-expert layout (:mod:`skyrl_glm.sync.expert_layout`); an update that cannot be
-    served in it is rejected with the reason."""
+    served in it is rejected with the reason. The :class:`~skyrl_glm.sync.expert_layout.Arrangement` of the last
+    layout served in it is kept (``arranged``), keyed by the manifest's layout identity (``Manifest.layout_key``): an
+    update of another layout, or a manifest built in code (no identity), is arranged anew."""
 
     def __init__(self, device: str | torch.device = "cpu", layout: str = PER_EXPERT) -> None:
         self.device = torch.device(device)
         self.layout = layout
         self.version: int | None = None
         self.known: Manifest | None = None
+        self.arranged: tuple[bytes, Arrangement] | None = None
 
     def _admit(
         self, manifest_json: str, handle: dict[str, Any], transport: Transport, staged: Mapping[str, int]
@@ -182,9 +185,14 @@ class AdapterReceiver:
                 more = "..." if len(bad_names) > 3 else ""
                 raise UpdateRejected(f"non-finite values (NaN/inf) in {bad_names[:3]}{more}")
         t3 = time.perf_counter()
-        sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
         try:
-            tensors = rebuild(manifest, sent) if self.layout == PER_EXPERT else arrange(manifest, sent, self.layout)
+            if self.layout == PER_EXPERT:
+                sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
+                tensors = rebuild(manifest, sent)
+            else:  # views of the sent tensors the arrangement reads only (a factor's groups: one strided view)
+                arrangement = self._arrangement(manifest)
+                read = arrangement.reads
+                tensors = arrangement.apply(dict(zip((e.name for e in read), views(staging, read), strict=True)))
         except LayoutError as e:
             raise UpdateRejected(str(e)) from None
         timings = {
@@ -195,6 +203,16 @@ class AdapterReceiver:
         }
         self.known = manifest
         return ReceivedAdapter(manifest.version, manifest.lora_name, manifest.adapter_config, tensors, timings)
+
+    def _arrangement(self, manifest: Manifest) -> Arrangement:
+        """The arrangement of ``manifest``'s layout in the engine's (the kept one for the same layout identity)."""
+        key = manifest.layout_key
+        if key is not None and self.arranged is not None and self.arranged[0] == key:
+            return self.arranged[1]
+        arrangement = Arrangement(manifest, self.layout)
+        if key is not None:
+            self.arranged = (key, arrangement)
+        return arrangement
 
     def commit(self, version: int) -> None:
         """Record ``version`` as serving; call only after the sampler loaded it."""
