@@ -89,3 +89,28 @@ def test_dedup_cuda_equals_cpu(monkeypatch, collide):
     export = _export(True, "cuda")
     for public, sent in gpu.aliases.items():
         assert torch.equal(export[public], export[sent])
+
+
+def test_a_gpu_adapter_staged_in_host_memory_is_folded_on_its_gpu_and_arrives_as_the_cpu_plan():
+    """The plan packs and folds a GPU adapter on its GPU, then copies to the host staging buffer once: the stream,
+    manifest and checksums equal those of the same adapter planned on the CPU."""
+    from skyrl_glm.sync.plan import build_plan
+
+    g = torch.Generator().manual_seed(3)
+    adapter = {
+        f"base_model.model.layers.{i}.mlp.{p}.lora_{ab}.weight": torch.randn(shape, generator=g).to(torch.bfloat16)
+        for i in range(3)
+        for p in ("gate_proj", "down_proj")
+        for ab, shape in (("A", (8, 64)), ("B", (64, 8)))
+    }
+    config = {"r": 8, "lora_alpha": 16, "target_modules": ["gate_proj", "down_proj"]}
+    on_cpu = build_plan(adapter, adapter_config=config, lora_name="a", version=2)
+    on_gpu = build_plan(
+        {k: v.cuda() for k, v in adapter.items()},
+        adapter_config=config,
+        lora_name="a",
+        version=2,
+        staging=lambda n, device: torch.zeros(n, dtype=torch.uint8),
+    )
+    assert on_gpu.buffer.device.type == "cpu" and torch.equal(on_gpu.buffer, on_cpu.buffer)
+    assert on_gpu.manifest == on_cpu.manifest
