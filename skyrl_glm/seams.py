@@ -187,6 +187,18 @@ SEAMS: tuple[Seam, ...] = (
         "skyrl_glm/bench/load_layouts.py",
         "bench load reads the LoRA slot tensors vLLM allocated (its LoRAModelManager's modules) to measure their bytes",
     ),
+    *(
+        Seam(
+            module,
+            "parse_fine_tuned_lora_name",
+            "patched",
+            VLLM,
+            "skyrl_glm/sync/vllm/lora_names.py",
+            "a name's parse kept across loads (a pure function of the name without a weights mapper): a per-expert "
+            "load parsed each of its 116,292 names three times",
+        )
+        for module in ("vllm.lora.utils", "vllm.lora.lora_model")
+    ),
     # -- vLLM: the shared-all and grouped expert layouts (skyrl_glm/sync/vllm/shared_factors.py) -------------
     *(
         Seam(
