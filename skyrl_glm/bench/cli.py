@@ -38,6 +38,7 @@ from typing import Any
 from skyrl_glm import strict_json
 from skyrl_glm.bench import load as load_bench
 from skyrl_glm.plugins import registry
+from skyrl_glm.sync.transports import HOST_LOCAL
 from skyrl_glm.usage import PROG, UsageError, print_error, writable_dir, writable_file
 
 DTYPE_CHOICES = ("bf16", "bfloat16", "fp16", "fp32")
@@ -156,7 +157,7 @@ def add_parser(subparsers: Any) -> None:
         "Megatron-Bridge's export_adapter_weights(cpu=False) streams it, export timed (a stand-in from the config's "
         "shapes); bridge: Megatron-Bridge's own export of a model it builds on the GPU (--transport cpu)",
     )
-    p.add_argument("--transport", choices=sorted(registry().transports), default="cpu")
+    p.add_argument("--transport", choices=sorted(registry().transports), default=HOST_LOCAL)
     p.add_argument("--device", default=None, help="sender device (default cuda:0 for nccl/ipc when present, else cpu)")
     p.add_argument("--recv-device", default=None, help="receiver device (nccl: cuda:1; ipc/cpu: the sender's)")
     p.add_argument("--bucket-mb", type=int, default=512)

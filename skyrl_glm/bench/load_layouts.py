@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.bench.full_width import NO_ADAPTER
+from skyrl_glm.sync.transports import GPU_LOCAL
 from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
 
 FULL_MOE_LAYERS = 75  # GLM-5.3: 78 layers, the first 3 dense
@@ -156,7 +157,7 @@ def _updates(
     from skyrl_glm.plugins import registry
     from skyrl_glm.sync.publisher import InMemoryPublisher
 
-    transport = registry().transport("ipc")()
+    transport = registry().transport(GPU_LOCAL)()
     publisher = InMemoryPublisher(sampler, transport, shared_storage=True)
     rows: dict[int, list[dict[str, float]]] = {}
     try:

@@ -28,6 +28,7 @@ from skyrl_glm.bench.sides import Receiver, Sender, make_transport
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, synthetic_adapter
 from skyrl_glm.plugins import registry
 from skyrl_glm.provenance import provenance
+from skyrl_glm.sync.transports import COLLECTIVE, HOST_LOCAL
 
 # ---------------------------------------------------------------------------------------------------- protocol
 
@@ -181,7 +182,7 @@ def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> N
 def _machine(opts: BenchOptions) -> dict[str, Any]:
     """What :func:`~skyrl_glm.provenance.provenance` does not say: the host's size, and NCCL's version."""
     m: dict[str, Any] = {"host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
-    if opts.transport == "nccl" and torch.cuda.is_available():
+    if opts.transport == COLLECTIVE and torch.cuda.is_available():
         m["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     return m
 
@@ -208,7 +209,7 @@ def run_sync_bench(opts: BenchOptions) -> dict[str, Any]:
         syn = bridge.reference()
     else:
         syn = synthetic_adapter(opts)
-    if opts.transport == "cpu":
+    if opts.transport == HOST_LOCAL:
         transport = make_transport("cpu")
         receiver = Receiver(opts, syn, transport)
         runs, disk = _sender_main(opts, syn, transport, LocalChannel(), receiver, bridge)

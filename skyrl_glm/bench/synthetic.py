@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
+from skyrl_glm.sync.transports import HOST_LOCAL
 from skyrl_glm.usage import UsageError
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -25,7 +26,7 @@ class BenchOptions:
     expert_groups: int = 1  # with share_experts: one adapter per group of E/G consecutive experts
     copies: bool = False
     exporter: str = "resident"  # resident | bridge-stream | bridge
-    transport: str = "cpu"
+    transport: str = HOST_LOCAL
     device: str | None = None
     recv_device: str | None = None
     bucket_mb: int = 512

@@ -16,6 +16,7 @@ from skyrl_glm.check.runner import CheckOptions, engine_options, run, temp_probl
 from skyrl_glm.phases import Phases
 from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
+from skyrl_glm.sync.transports import HOST_LOCAL
 from skyrl_glm.usage import UsageError, run_failed, writable_file
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="registered model name (tiny made on the fly) or checkpoint dir; default glm-4.5")
     p.add_argument("--trainer", default="hf", choices=sorted(registry().trainers))
     p.add_argument("--sampler", default="vllm", choices=sorted(registry().samplers))
-    p.add_argument("--transport", default="cpu", choices=transport_choices())
+    p.add_argument("--transport", default=HOST_LOCAL, choices=transport_choices())
     p.add_argument("--fault", default=NO_FAULT, choices=FAULTS, help="replace the handoff with a broken one")
     p.add_argument(
         "--lora-targets",

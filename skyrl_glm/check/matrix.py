@@ -37,6 +37,7 @@ from skyrl_glm.check.runner import (
 )
 from skyrl_glm.provenance import provenance
 from skyrl_glm.sync.expert_layout import LAYOUTS, PER_EXPERT
+from skyrl_glm.sync.transports import HOST_LOCAL
 from skyrl_glm.usage import UsageError, run_failed
 
 MAX_SEEDS = 256  # checks per (transport, fault): a few seconds each on one engine
@@ -163,7 +164,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--sampler", default="vllm")
-    p.add_argument("--transports", default="cpu", help="comma-separated: registered transports and disk")
+    p.add_argument("--transports", default=HOST_LOCAL, help="comma-separated: registered transports and disk")
     p.add_argument("--faults", default="none,no-publish,double-scale,drop-aliases", help="comma-separated")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--seeds", default="0", help="comma-separated seeds or a range a-b: every check once per seed")

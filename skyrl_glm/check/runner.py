@@ -32,6 +32,7 @@ from skyrl_glm.sync.expert_layout import (
     check_layout,
     expert_groups,
 )
+from skyrl_glm.sync.transports import HOST_LOCAL
 from skyrl_glm.usage import UsageError, name_list, positive_int, temp_space_problem
 
 DEFAULT_MODEL = "glm-4.5"
@@ -48,7 +49,7 @@ class CheckOptions:
     model: str | None = None
     trainer: str = "hf"
     sampler: str = "vllm"
-    transport: str = "cpu"
+    transport: str = HOST_LOCAL
     fault: str = NO_FAULT
     lora_targets: list[str] | None = None
     allow_unsupported_targets: bool = False

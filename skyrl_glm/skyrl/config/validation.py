@@ -38,6 +38,7 @@ from skyrl_glm.sync.expert_layout import (
     expert_groups,
     layout_of,
 )
+from skyrl_glm.sync.transports import GPU_LOCAL
 
 if TYPE_CHECKING:
     from skyrl.train.config import DataConfig, TrainerConfig
@@ -74,11 +75,11 @@ def check_consistency(glm: GlmSection, trainer: TrainerConfig) -> None:
                 f"skyrl_glm.sync.transport: {glm.sync.transport} reaches only engines on the trainer's sending node, "
                 f"and the policy spans {trainer.placement.policy_num_nodes} nodes; use auto (per engine) or nccl"
             )
-    if glm.cpu and glm.sync.transport == "ipc":
+    if glm.cpu and glm.sync.transport == GPU_LOCAL:
         raise ConfigError(
             "skyrl_glm.sync.transport: ipc moves CUDA memory; with skyrl_glm.cpu=true use cpu, nccl (over gloo) or auto"
         )
-    if glm.sync.mode == "memory" and transport == "ipc" and not trainer.placement.colocate_all:
+    if glm.sync.mode == "memory" and transport == GPU_LOCAL and not trainer.placement.colocate_all:
         raise ConfigError(
             "skyrl_glm.sync.transport: ipc maps the trainer's GPU memory into vLLM on the same GPU; set "
             "trainer.placement.colocate_all=true, or transport=auto (shared memory on one node, nccl across nodes)"

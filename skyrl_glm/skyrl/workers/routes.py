@@ -18,10 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from skyrl_glm.sync.transports import COLLECTIVE, GPU_LOCAL, HOST_LOCAL
+
 AUTO = "auto"
-COLLECTIVE = "nccl"
-GPU_LOCAL = "ipc"
-HOST_LOCAL = "cpu"
 # Deliberately broken routing (``skyrl_glm.sync.fault``), for the two-node test to show the run fails with each.
 ROUTE_FAULTS = {
     "remote-same-host": "an engine on another node is handed the sender's same-host transport",

@@ -15,10 +15,15 @@ from __future__ import annotations
 
 from skyrl_glm.plugins import hookimpl
 
+# The built-in transports' names: the one record every route, check and benchmark reads them from.
+HOST_LOCAL = "cpu"  # shared memory: sender and receiver on one host
+COLLECTIVE = "nccl"  # a collective broadcast: across GPUs and nodes
+GPU_LOCAL = "ipc"  # CUDA IPC: sender and receiver on one GPU
+
 _BUILTIN = {
-    "cpu": "skyrl_glm.sync.transports.shm:SharedMemoryTransport",
-    "nccl": "skyrl_glm.sync.transports.collective:CollectiveTransport",
-    "ipc": "skyrl_glm.sync.transports.cuda_ipc:CudaIpcTransport",
+    HOST_LOCAL: "skyrl_glm.sync.transports.shm:SharedMemoryTransport",
+    COLLECTIVE: "skyrl_glm.sync.transports.collective:CollectiveTransport",
+    GPU_LOCAL: "skyrl_glm.sync.transports.cuda_ipc:CudaIpcTransport",
 }
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from skyrl_glm.sync.transports import COLLECTIVE
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ class CollectiveTransport(Transport):
     MIN of accept flags) whether to go on, so a receiver that rejects the update releases the sender; then one
     broadcast per bucket. The receiver learns the stream's size from the header, not from the manifest."""
 
-    name = "nccl"
+    name = COLLECTIVE
     needs_group = True
     crosses_nodes = True
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from skyrl_glm.sync.transports import GPU_LOCAL
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ def _dec(v: Any) -> Any:
 
 
 class CudaIpcTransport(Transport):
-    name = "ipc"
+    name = GPU_LOCAL
     needs_cuda = True
 
     def __init__(self) -> None:

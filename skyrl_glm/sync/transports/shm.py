@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from skyrl_glm.sync.transports import HOST_LOCAL
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def _segment_problem(st: os.stat_result, total_bytes: int) -> str | None:
 
 
 class SharedMemoryTransport(Transport):
-    name = "cpu"
+    name = HOST_LOCAL
 
     def __init__(self) -> None:
         self._segment: tuple[str, torch.Tensor] | None = None  # (name, the mapped segment as uint8)
