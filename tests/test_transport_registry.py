@@ -79,10 +79,13 @@ def test_the_check_refuses_a_group_transport_by_its_record(with_plugin: None) ->
     assert "plugin-tx" in str(e.value) and "nccl" not in str(e.value).split("use --transport")[1]
 
 
-def test_the_bench_builds_a_group_transport_with_its_group(with_plugin: None) -> None:
-    from skyrl_glm.bench.sides import make_transport
+def test_each_side_opens_a_transport_by_its_declared_needs(with_plugin: None) -> None:
+    """One opener for the sender, the vLLM worker and the bench: a transport that declares a group gets the one
+    given; one that does not is built bare (a group given to it is not its business)."""
+    from skyrl_glm.sync.transports import needs_group, open_transport
 
     group = object()
-    built = make_transport("plugin-group-tx", group=group)
+    built = open_transport("plugin-group-tx", group=group)
     assert isinstance(built, PluginGroupTransport) and built.group is group
-    assert make_transport("plugin-tx", group=group).group is None
+    assert open_transport("plugin-tx", group=group).group is None
+    assert needs_group("plugin-group-tx") and not needs_group("plugin-tx") and needs_group("nccl")

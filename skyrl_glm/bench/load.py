@@ -35,7 +35,7 @@ from skyrl_glm.bench.full_width import NO_ADAPTER, full_width_model, publish_to_
 from skyrl_glm.check.runner import check_device
 from skyrl_glm.plugins import registry
 from skyrl_glm.provenance import provenance
-from skyrl_glm.sync.transports import GPU_LOCAL, HOST_LOCAL
+from skyrl_glm.sync.transports import GPU_LOCAL, HOST_LOCAL, open_transport
 from skyrl_glm.usage import PROG, UsageError, positive_int, print_error, writable_file
 
 STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("write_s", "load_s", "total_s")}
@@ -122,7 +122,7 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
         }
         sampler = VllmEngineSampler(engine, max_lora_rank=_engine_lora_rank(rank))
         engine_s = time.perf_counter() - t0
-        transport = registry().transport(GPU_LOCAL)()
+        transport = open_transport(GPU_LOCAL)
         publishers = {
             "memory": InMemoryPublisher(sampler, transport, shared_storage=True),
             "disk": DiskPublisher(sampler, root=Path(tmp) / "adapters"),

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from skyrl_glm.bench.full_width import NO_ADAPTER
-from skyrl_glm.sync.transports import GPU_LOCAL
+from skyrl_glm.sync.transports import GPU_LOCAL, open_transport
 from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
 
 FULL_MOE_LAYERS = 75  # GLM-5.3: 78 layers, the first 3 dense
@@ -154,10 +154,9 @@ def _updates(
     """Per layer count: every timed update's stages (the first ``warmup`` dropped); ``version``: the last one used."""
     from skyrl_glm.bench.full_width import publish_to_first_request
     from skyrl_glm.lora.bridge import adapter_config
-    from skyrl_glm.plugins import registry
     from skyrl_glm.sync.publisher import InMemoryPublisher
 
-    transport = registry().transport(GPU_LOCAL)()
+    transport = open_transport(GPU_LOCAL)
     publisher = InMemoryPublisher(sampler, transport, shared_storage=True)
     rows: dict[int, list[dict[str, float]]] = {}
     try:

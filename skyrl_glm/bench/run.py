@@ -24,11 +24,10 @@ import torch
 
 from skyrl_glm.bench.procs import LocalChannel, StoreChannel, free_port
 from skyrl_glm.bench.report import PATH_LABELS, summarise
-from skyrl_glm.bench.sides import Receiver, Sender, make_transport
+from skyrl_glm.bench.sides import Receiver, Sender
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, synthetic_adapter
-from skyrl_glm.plugins import registry
 from skyrl_glm.provenance import provenance
-from skyrl_glm.sync.transports import COLLECTIVE, HOST_LOCAL
+from skyrl_glm.sync.transports import COLLECTIVE, HOST_LOCAL, needs_group, open_transport
 
 # ---------------------------------------------------------------------------------------------------- protocol
 
@@ -154,13 +153,13 @@ def joined_pair(rank: int, opts: BenchOptions, port: int, minutes: int) -> Itera
     if device.type == "cuda":
         torch.cuda.set_device(device)
     group = None
-    if registry().transport(opts.transport).needs_group:
+    if needs_group(opts.transport):
         backend = "nccl" if device.type == "cuda" else "gloo"
         kw = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=2, **kw)
         group = dist.group.WORLD
     try:
-        yield StoreChannel(store), make_transport(opts.transport, group)
+        yield StoreChannel(store), open_transport(opts.transport, group)
         if group is not None:
             dist.barrier()
     finally:
@@ -210,7 +209,7 @@ def run_sync_bench(opts: BenchOptions) -> dict[str, Any]:
     else:
         syn = synthetic_adapter(opts)
     if opts.transport == HOST_LOCAL:
-        transport = make_transport("cpu")
+        transport = open_transport(HOST_LOCAL)
         receiver = Receiver(opts, syn, transport)
         runs, disk = _sender_main(opts, syn, transport, LocalChannel(), receiver, bridge)
         del receiver

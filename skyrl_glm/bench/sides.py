@@ -45,13 +45,6 @@ def _export_split(export: TimedStream | None, seconds: float) -> dict[str, float
     return {"export_s": export.seconds, "dedup_s": seconds - export.seconds}
 
 
-def make_transport(name: str, group: Any = None) -> Any:
-    from skyrl_glm.plugins import registry
-
-    cls = registry().transport(name)
-    return cls(group=group, src=0) if cls.needs_group else cls()
-
-
 class TimedStream:
     """An exporter's stream, with the seconds spent inside it (CUDA work it queues finishes in the consumer's).
     Timed per :data:`TIMED_PAIRS` pairs taken at once, so the exporter runs at most that far ahead: two clock reads

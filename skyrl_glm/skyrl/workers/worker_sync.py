@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from skyrl_glm.check.faults import NO_FAULT, inject_in_skyrl
-from skyrl_glm.plugins import registry
 from skyrl_glm.skyrl.workers import signed_client
 from skyrl_glm.skyrl.workers.publish import SkyRLServers, one_server
 from skyrl_glm.skyrl.workers.routes import ROUTE_FAULTS, Route, plan_routes
 from skyrl_glm.sync.dedup import Dedup
 from skyrl_glm.sync.publisher import InMemoryPublisher
+from skyrl_glm.sync.transports import needs_group, open_transport
 from skyrl_glm.sync.transports.base import Transport
-from skyrl_glm.sync.transports.collective import CollectiveTransport
 from skyrl_glm.sync.transports.fanout import FanOut
 from skyrl_glm.sync.update import UpdateResult
 
@@ -103,7 +102,7 @@ class GlmSyncMixin:
         assert s is not None
         engines = await engine_nodes(client)
         self._glm_routes = plan_routes(s.transport, s.colocated_gpu, node_address(), engines, s.fault)
-        reached = [r.engine for r in self._glm_routes if r.transport == CollectiveTransport.name]
+        reached = [r.engine for r in self._glm_routes if needs_group(r.transport)]
         if reached:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             self._glm_group = await open_group(client, backend, reached)
@@ -121,16 +120,10 @@ class GlmSyncMixin:
     def _glm_transport(self) -> Transport:
         """The sending end: every routed transport behind one fan-out, the node-local one first (the plan packs
         into its memory); the collective one over the group with the vLLM workers it reaches."""
-        names = sorted({r.transport for r in self._glm_routes}, key=lambda n: n == CollectiveTransport.name)
-        parts: list[Transport] = []
-        for name in names:
-            if name == CollectiveTransport.name:
-                if self._glm_group is None:
-                    raise RuntimeError("the collective transport's group with the vLLM workers was not opened")
-                parts.append(CollectiveTransport(group=self._glm_group, src=0))
-            else:
-                parts.append(registry().transport(name)())
-        return FanOut(parts)
+        names = sorted({r.transport for r in self._glm_routes}, key=needs_group)
+        if self._glm_group is None and any(needs_group(n) for n in names):
+            raise RuntimeError("the collective transport's group with the vLLM workers was not opened")
+        return FanOut([open_transport(name, self._glm_group) for name in names])
 
     async def broadcast_to_inference_engines(
         self, inference_engine_client: Any, inference_engine_cfg: InferenceEngineConfig, model_id: str | None = None

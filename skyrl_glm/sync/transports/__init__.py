@@ -13,7 +13,12 @@ where it is used.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from skyrl_glm.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from skyrl_glm.sync.transports.base import Transport
 
 # The built-in transports' names: the one record every route, check and benchmark reads them from.
 HOST_LOCAL = "cpu"  # shared memory: sender and receiver on one host
@@ -30,3 +35,19 @@ _BUILTIN = {
 @hookimpl
 def skyrl_glm_transports() -> list[tuple[str, str]]:
     return list(_BUILTIN.items())
+
+
+def needs_group(name: str) -> bool:
+    """Whether the registered transport ``name`` moves the update over a process group (a collective)."""
+    from skyrl_glm.plugins import registry
+
+    return registry().transport(name).needs_group
+
+
+def open_transport(name: str, group: Any = None, src: int = 0) -> Transport:
+    """One end of the registered transport ``name``: over ``group`` (the sender at ``src``) where the transport
+    declares it needs one and a group is given, else the transport's own default."""
+    from skyrl_glm.plugins import registry
+
+    cls = registry().transport(name)
+    return cls(group=group, src=src) if cls.needs_group and group is not None else cls()

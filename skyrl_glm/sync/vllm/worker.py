@@ -24,12 +24,11 @@ from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import (
     stage_in_memory_adapter,
 )
 
-from skyrl_glm.plugins import registry
 from skyrl_glm.sync.expert_layout import layout_of
 from skyrl_glm.sync.manifest import MAX_MANIFEST_BYTES
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
+from skyrl_glm.sync.transports import needs_group, open_transport
 from skyrl_glm.sync.transports.base import Transport, TransportError
-from skyrl_glm.sync.transports.collective import CollectiveTransport
 from skyrl_glm.sync.update import describe_error
 from skyrl_glm.sync.vllm.control import ControlRefused, verify
 
@@ -89,14 +88,9 @@ def receiving_transport(worker: Any, state: ReceiverState, name: str) -> Transpo
     """The receiving end of transport ``name``: a collective one over the trainer's group once the worker joined it
     (a worker that needs the group, :attr:`LoraSyncWorkerExtension.skyrl_glm_group_required`, never falls back to
     vLLM's own world group: the trainer is not in it)."""
-    cls = registry().transport(name)
-    if name != CollectiveTransport.name:
-        return cls()
-    if state.group is not None:
-        return CollectiveTransport(group=state.group, src=0)
-    if worker.skyrl_glm_group_required:
+    if needs_group(name) and state.group is None and worker.skyrl_glm_group_required:
         raise TransportError("this worker has not joined the trainer's sync group (skyrl_glm_join_group)")
-    return cls()
+    return open_transport(name, state.group)
 
 
 class LoraSyncWorkerExtension:
