@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pluggy
 
@@ -57,7 +57,8 @@ class TrainerFactory(Protocol):
 class SamplerFactory(Protocol):
     """Builds the check's sampler side for one checkpoint (see :class:`~skyrl_glm.check.algorithm.SamplerScorer`).
     ``allow_unsupported``: serve LoRA targets the sampler is known to ignore (to prove the check catches them);
-    ``expert_layout``: how the engine takes routed-expert LoRA (:mod:`skyrl_glm.sync.expert_layout`)."""
+    ``expert_layout``: how the engine takes routed-expert LoRA (:mod:`skyrl_glm.sync.expert_layout`). What it
+    serves with is declared with :func:`serves_with` (a factory without it serves with nothing the check knows)."""
 
     def __call__(
         self,
@@ -70,6 +71,35 @@ class SamplerFactory(Protocol):
         allow_unsupported: bool,
         expert_layout: str,
     ) -> SamplerScorer: ...
+
+
+VLLM_ENGINE = "vllm"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class SamplerKind:
+    """What a sampler factory serves with: ``engine`` (:data:`VLLM_ENGINE`: the check needs vLLM installed and
+    serving the model's architecture), ``skyrl_worker``: under SkyRL's vLLM worker wrap (its LoRA patches decide
+    which targets are applied)."""
+
+    engine: str | None = None
+    skyrl_worker: bool = False
+
+
+def serves_with(engine: str | None, *, skyrl_worker: bool = False) -> Callable[[F], F]:
+    """Declare a sampler factory's :class:`SamplerKind` (read back with :func:`sampler_kind`)."""
+
+    def declare(factory: F) -> F:
+        factory.sampler_kind = SamplerKind(engine, skyrl_worker)  # type: ignore[attr-defined]
+        return factory
+
+    return declare
+
+
+def sampler_kind(factory: Any) -> SamplerKind:
+    """The kind a sampler factory declared with :func:`serves_with`; an undeclared one serves with nothing known."""
+    return getattr(factory, "sampler_kind", SamplerKind())
 
 
 class Hookspecs:

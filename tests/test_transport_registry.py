@@ -89,3 +89,16 @@ def test_each_side_opens_a_transport_by_its_declared_needs(with_plugin: None) ->
     assert isinstance(built, PluginGroupTransport) and built.group is group
     assert open_transport("plugin-tx", group=group).group is None
     assert needs_group("plugin-group-tx") and not needs_group("plugin-tx") and needs_group("nccl")
+
+
+def test_each_sampler_declares_what_it_serves_with() -> None:
+    """The check reads a sampler's engine and SkyRL's worker wrap from the factory's declaration, not its name: the
+    two built-in samplers declare vLLM (one under SkyRL's wrap); a third party's undeclared one needs no vLLM."""
+    from skyrl_glm.plugins import VLLM_ENGINE, SamplerKind, registry, sampler_kind, serves_with
+
+    reg = registry()
+    assert sampler_kind(reg.sampler("vllm")) == SamplerKind(VLLM_ENGINE, skyrl_worker=False)
+    assert sampler_kind(reg.sampler("vllm-skyrl")) == SamplerKind(VLLM_ENGINE, skyrl_worker=True)
+    assert sampler_kind(lambda model_dir, **kw: None) == SamplerKind()
+    declared = serves_with("sglang")(lambda model_dir, **kw: None)
+    assert sampler_kind(declared).engine == "sglang" and not sampler_kind(declared).skyrl_worker

@@ -24,7 +24,7 @@ from skyrl_glm.check.scorers import _engine_lora_rank, require_vllm, require_vll
 from skyrl_glm.checkpoint import read_config, vocab_size
 from skyrl_glm.models.base import ModelFamily
 from skyrl_glm.models.vllm_targets import sampler_backend
-from skyrl_glm.plugins import registry
+from skyrl_glm.plugins import VLLM_ENGINE, registry, sampler_kind
 from skyrl_glm.sync.expert_layout import (
     PER_EXPERT,
     SHARED_OUTER,
@@ -157,19 +157,21 @@ def prepare(options: CheckOptions) -> CheckPlan:
     positive_int("alpha", options.alpha)
     check_device(options.device)
     family, model_dir, config = resolve_model(options.model)
-    if options.sampler.startswith("vllm"):
+    kind = sampler_kind(sampler_factory)
+    on_vllm = kind.engine == VLLM_ENGINE
+    if on_vllm:
         require_vllm()
         _engine_lora_rank(options.rank)  # a rank vLLM cannot serve: refused here, not after the engine starts
-    if options.device == "cpu" and options.sampler.startswith("vllm") and family.vllm_cpu_dtype is None:
+    if options.device == "cpu" and on_vllm and family.vllm_cpu_dtype is None:
         raise UsageError(
             f"--model {options.model}: {family.name} ({family.hf_model_type}) has no vLLM CPU serving path; "
             "check it on a GPU (--device cuda)"
         )
-    if options.device != "cpu" and options.sampler.startswith("vllm"):
+    if options.device != "cpu" and on_vllm:
         require_vllm_serves(family)
     targets = family.lora.resolve(
         options.lora_targets,
-        sampler=sampler_backend(options.device, skyrl_worker=options.sampler == "vllm-skyrl"),
+        sampler=sampler_backend(options.device, skyrl_worker=kind.skyrl_worker),
         allow_unsupported=options.allow_unsupported_targets,
     )
     kinds = [family.lora.target(t).kind for t in targets]

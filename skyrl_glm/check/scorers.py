@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_glm.models.base import ModelFamily
-from skyrl_glm.plugins import SamplerFactory, TrainerFactory, hookimpl
+from skyrl_glm.plugins import VLLM_ENGINE, SamplerFactory, TrainerFactory, hookimpl, serves_with
 from skyrl_glm.sync.expert_layout import PER_EXPERT
 from skyrl_glm.usage import UsageError
 
@@ -51,6 +51,7 @@ def target_groups(family: ModelFamily, targets: Sequence[str]) -> dict[str, str]
     return {t: family.lora.target(t).kind for t in targets}
 
 
+@serves_with(VLLM_ENGINE)
 def vllm_sampler(
     model_dir: Path,
     *,

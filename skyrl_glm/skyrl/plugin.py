@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from skyrl_glm.plugins import Ref, hookimpl
+from skyrl_glm.plugins import VLLM_ENGINE, Ref, hookimpl, serves_with
 
 
+@serves_with(VLLM_ENGINE, skyrl_worker=True)
 def vllm_skyrl_sampler(model_dir: Path, **kwargs: Any) -> Any:
     """The check's vLLM sampler as SkyRL runs load it: SkyRL's worker wrap plus skyrl-glm's receiver, and the LoRA
     slots SkyRL's servers get by default (``trainer.policy.model.lora.max_loras``: one)."""
