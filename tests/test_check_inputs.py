@@ -298,3 +298,23 @@ def test_an_engine_that_dies_mid_run_is_one_line_exit_3_with_the_likely_cause(tm
     assert main(["check"]) == 3
     err = capsys.readouterr().err.strip()
     assert f"likely cause: temp dir {tmp_path} has " in err, err
+
+
+def test_the_agree_rule_lets_one_probe_token_in_32_sit_far_off_and_no_more():
+    """A healthy file-sync canary on one H200 stopped on one of 32 decode tokens 2.84 nats off (|dp| 0.025) while the
+    other 31 agreed to ~0.002: the rule's mean leaves out the largest token in every 32. Two such tokens in 32, a
+    shift of every token, or one token whose probability moved past ``prob_tol`` still fail."""
+    from skyrl_glm.check.algorithm import OUTLIER_SHARE
+
+    assert OUTLIER_SHARE == 32
+    quiet = [0.002] * 31
+    one_off = Diff([*quiet, 2.84], [1e-4] * 31 + [0.025])
+    assert one_off.mean > 0.05 and one_off.trimmed_mean == pytest.approx(0.002)
+    assert one_off.within(0.05, 0.1)
+    assert "without its 1 largest: 0.002" in one_off.describe("decode")
+    assert not Diff([*quiet[:30], 2.84, 2.84], [1e-4] * 32).within(0.05, 0.1)
+    assert not Diff([0.06] * 32, [1e-3] * 32).within(0.05, 0.1)
+    assert not Diff([*quiet, 2.84], [1e-4] * 31 + [0.2]).within(0.05, 0.1)
+    prefill = Diff([0.004] * 121 + [9.0] * 3, [1e-4] * 124)  # 124 prefill probes: the largest three are left out
+    assert prefill.within(0.05, 0.1) and not Diff([0.004] * 120 + [9.0] * 4, [1e-4] * 124).within(0.05, 0.1)
+    assert Diff([0.3] * 8, [1e-3] * 8).trimmed_mean == pytest.approx(0.3)  # fewer than 32 tokens: nothing left out

@@ -45,6 +45,12 @@ FIGURES = (
 )
 
 
+def _judged_mean(row: dict[str, Any], path: str) -> float | None:
+    """A step's agree mean on ``path`` as the rule judged it: the trimmed mean, or the mean in older summaries."""
+    trimmed = row.get(f"agree_{path}_trimmed_mean")
+    return trimmed if trimmed is not None else row.get(f"agree_{path}_mean")
+
+
 class StepTableError(UsageError):
     """A summary that cannot be read as a run's per-step figures; one line naming the file."""
 
@@ -138,9 +144,12 @@ def print_step_table(summary: dict[str, Any], console: Console) -> None:
     for r in summary["steps"]:
         margin = "-"
         if r.get("agree_prefill_mean") is not None:
+            # the figures the rule judged: each path's trimmed mean (a summary before it: the mean), the worst path
+            means = [_judged_mean(r, path) for path in ("prefill", "decode")]
             probs = [r.get("agree_prefill_prob_max"), r.get("agree_decode_prob_max")]
+            worst_mean = max((v for v in means if v is not None), default=None)
             worst = max((v for v in probs if v is not None), default=None)
-            margin = f"{_num(r['agree_prefill_mean'])}/{_num(worst)}"
+            margin = f"{_num(worst_mean)}/{_num(worst)}"
         tol = "-" if r.get("agree_mean_tol") is None else f"{_num(r['agree_mean_tol'])}/{_num(r.get('agree_prob_tol'))}"
         table.add_row(
             str(r["step"]),

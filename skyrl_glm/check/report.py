@@ -22,7 +22,7 @@ def _diff_json(d: Diff | None) -> dict[str, Any] | None:
         return None
     own = {"own_prefill": _diff_json(d.own_prefill)} if d.own_prefill is not None else {}
     probs = {"prob_max": d.prob_max, "prob_per_token": d.prob_per_token}
-    return {"mean": d.mean, "max": d.max, "per_token": d.per_token, **probs, **own}
+    return {"mean": d.mean, "trimmed_mean": d.trimmed_mean, "max": d.max, "per_token": d.per_token, **probs, **own}
 
 
 def to_dict(report: CheckReport) -> dict[str, Any]:

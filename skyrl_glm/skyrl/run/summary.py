@@ -21,9 +21,11 @@ GEN_KL = "skyrl_glm/gen_kl"  # the k3 generation KL of the step's rollouts (skyr
 # An agree check's figures in a step's row (``agree_<name>``).
 AGREE_FIGURES = (
     "prefill_mean",
+    "prefill_trimmed_mean",
     "prefill_max",
     "prefill_prob_max",
     "decode_mean",
+    "decode_trimmed_mean",
     "decode_max",
     "decode_prob_max",
     "mean_tol",
@@ -71,6 +73,8 @@ class AgreeRecord:
     prob_tol: float | None = None
     prefill_prob_max: float | None = None
     decode_prob_max: float | None = None
+    prefill_trimmed_mean: float | None = None  # the mean the rule bounds (all but the largest 1 in 32 tokens)
+    decode_trimmed_mean: float | None = None
     # a failed check's probe tokens per measured path: {"decode": {"dlogp": [...], "dp": [...]}}, so a stop can be
     # told apart from noise on the record alone (one far-off unlikely token, or many tokens moved)
     failed_tokens: dict[str, dict[str, list[float]]] | None = None

@@ -38,7 +38,7 @@ from skyrl_glm.skyrl.workers.publish import one_server
 from skyrl_glm.skyrl.workers.worker_sync import WorkerSync
 
 log = logging.getLogger(__name__)
-PATH_FIGURES = ("max", "mean", "prob_max")  # what the agree record keeps of each path's Diff
+PATH_FIGURES = ("max", "mean", "trimmed_mean", "prob_max")  # what the agree record keeps of each path's Diff
 progress = logging.getLogger(PROGRESS_LOGGER)  # one line per sync on the terminal of `skyrl-glm train`
 
 CHECK_TEMPERATURE = 1.0  # vLLM reports raw logprobs; the trainer divides logits by its temperature
