@@ -26,7 +26,9 @@ REFUSED = ["base_model.model.model.layers.0.self_attn.q_b_proj.weight", "no_dots
 @pytest.fixture
 def vllm_parse(monkeypatch):
     """vLLM's own parser, put back in both modules after the test (install() replaces it process-wide)."""
-    original = utils.parse_fine_tuned_lora_name
+    import inspect
+
+    original = inspect.unwrap(utils.parse_fine_tuned_lora_name)  # an engine in this process may have installed it
     monkeypatch.setattr(utils, "parse_fine_tuned_lora_name", original)
     monkeypatch.setattr(lora_model, "parse_fine_tuned_lora_name", original)
     return original

@@ -35,6 +35,7 @@ def kept(parse: Callable[..., tuple[str, bool]]) -> Callable[..., tuple[str, boo
 
     setattr(parse_fine_tuned_lora_name, _ON, results)
     parse_fine_tuned_lora_name.__doc__ = parse.__doc__
+    parse_fine_tuned_lora_name.__wrapped__ = parse  # type: ignore[attr-defined]  # vLLM's own, for inspect.unwrap
     return parse_fine_tuned_lora_name
 
 
