@@ -214,11 +214,12 @@ def run(cfg: GlmTrainConfig, verbose: bool = False) -> int:
     """Run one training; an exit code of :mod:`skyrl_glm.usage` (0 finished, 1 stopped by the handoff check,
     2 Ray lacks the GPUs the layout needs, 3 failed on the way). Everything the run prints goes to a log file; the
     terminal gets progress lines (everything with ``verbose``) and where the outputs are."""
-    from skyrl_glm.skyrl.run.ports import run_env
+    from skyrl_glm.skyrl.run.ports import run_ports
     from skyrl_glm.sync.vllm.control import KEY_ENV, run_key
 
-    with run_key() as key_file:  # the run's control key: the trainer and the vLLM workers it starts hold it
-        return _run(cfg, {KEY_ENV: key_file, **run_env(cfg.generator.inference_engine)}, verbose)
+    # the run's control key (the trainer and the vLLM workers it starts hold it) and its ports, held while it runs
+    with run_key() as key_file, run_ports(cfg.generator.inference_engine) as port_env:
+        return _run(cfg, {KEY_ENV: key_file, **port_env}, verbose)
 
 
 def _run(cfg: GlmTrainConfig, env: dict[str, str], verbose: bool) -> int:

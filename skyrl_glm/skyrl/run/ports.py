@@ -5,14 +5,22 @@ reads the variable once, at import, default 8000) and its router's Prometheus ex
 (``VLLMRouter._DEFAULT_PROMETHEUS_PORT``); each takes the first port it can bind there, then releases it for the
 server to bind again. Two runs on one host start from the same ports and race for them (measured: the second
 run's router died on "Address already in use"). Each run here picks random windows whose first ports are free,
-below the ephemeral range, and hands them to the Ray workers in their environment.
+below the ephemeral range, holds a lock on each window for as long as it runs (so two runs starting together never
+take the same one: vLLM binds its server with ``SO_REUSEPORT``, and two servers on one port share its requests,
+measured on the CPU machine: one run's check read another run's adapter), and hands them to the Ray workers in their
+environment.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -38,22 +46,43 @@ def server_count(engine: InferenceEngineConfig) -> int:
     return max(engine.num_engines, 1) * max(engine.data_parallel_size, 1)
 
 
-def pick_start_port(servers: int, rng: random.Random | None = None, tries: int = 64) -> int:
-    """The base of ``servers`` consecutive windows whose first ports are free now."""
+def _claim(base: int, held: ExitStack) -> bool:
+    """Lock window ``base`` for this process until ``held`` closes; False where another run on this host holds it
+    (the lock goes with the process that holds it, so a file left behind blocks nothing)."""
+    folder = Path(tempfile.gettempdir()) / f"skyrl-glm-ports-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(folder / str(base), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    held.callback(os.close, fd)
+    return True
+
+
+@contextmanager
+def claimed_start_port(servers: int, rng: random.Random | None = None, tries: int = 64) -> Iterator[int]:
+    """The base of ``servers`` consecutive windows whose first ports are free now and which no other run on this
+    host holds, held until the block ends."""
     rng = rng or random.SystemRandom()
     bases = range(LOW, HIGH - servers * STRIDE, STRIDE)
     for base in rng.sample(bases, min(tries, len(bases))):
-        if all(_free(base + i * STRIDE) for i in range(servers)):
-            return base
+        with ExitStack() as held:
+            windows = [base + i * STRIDE for i in range(servers)]
+            if all(_claim(w, held) and _free(w) for w in windows):
+                yield base
+                return
     raise RuntimeError(f"no free port window for {servers} vLLM server(s) in {LOW}..{HIGH}")
 
 
-def run_env(engine: InferenceEngineConfig) -> dict[str, str]:
+@contextmanager
+def run_ports(engine: InferenceEngineConfig) -> Iterator[dict[str, str]]:
     """The environment a run's Ray workers need for their own ports (a server start port set by the user is kept):
-    the servers' windows, then one for the router's metrics."""
+    the servers' windows, then one for the router's metrics, held for the block (the run)."""
     servers = server_count(engine)
-    base = pick_start_port(servers + 1)
-    return {PORT_ENV: os.environ.get(PORT_ENV) or str(base), ROUTER_METRICS_ENV: str(base + servers * STRIDE)}
+    with claimed_start_port(servers + 1) as base:
+        yield {PORT_ENV: os.environ.get(PORT_ENV) or str(base), ROUTER_METRICS_ENV: str(base + servers * STRIDE)}
 
 
 def use_run_ports() -> None:
