@@ -345,3 +345,15 @@ def test_train_refuses_a_target_the_sampler_ignores_before_starting_anything(cap
     err = capsys.readouterr().err
     assert "command line: trainer.policy.model.lora.target_modules: the sampler ignores linear_kv_up_proj" in err
     assert not ray.is_initialized()
+
+
+def test_a_context_longer_than_the_models_positions_is_refused_before_the_run(tmp_path):
+    """vLLM refuses it inside the engine, minutes into the run (measured on one H200: the GLM-5.3 recipe's
+    10,240-token context on a 512-position tiny model); the config says so first, naming the key."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "glm_moe_dsa", "max_position_embeddings": 512}')
+    with pytest.raises(ConfigError, match=r"max_model_len: 10240 is longer than the model's max_position_embeddings 512"):
+        load_config("glm53_dapo_math", [f"trainer.policy.model.path={model}"])
+    short = "generator.inference_engine.engine_init_kwargs.max_model_len=512"
+    assert load_config("glm53_dapo_math", [f"trainer.policy.model.path={model}", short])

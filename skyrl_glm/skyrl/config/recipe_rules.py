@@ -1,11 +1,14 @@
 """Checks on a built config that SkyRL's strict keys cannot make: the recipe's own promises.
 
 A layout needing more GPUs than the stated hardware, a LoRA target the sampler silently ignores, an overlong
-buffer longer than the response cap. Each problem is one line naming the key.
+buffer longer than the response cap, a context longer than a local model's positions. Each problem is one line
+naming the key.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skyrl_glm.skyrl.config.hardware import gpu_needs, layout_problem
@@ -33,6 +36,23 @@ def unsafe_megatron_targets(targets: Any, sampler: str | None = None) -> list[st
     return found
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few KiB; a larger one is not read here
+
+
+def model_positions(path: Any) -> int | None:
+    """``max_position_embeddings`` of a model whose folder is on this machine (a hub id, an unreadable or odd
+    config: None, and vLLM judges it where the run starts)."""
+    config_file = Path(str(path)) / "config.json"
+    try:
+        if not config_file.is_file() or config_file.stat().st_size > MAX_CONFIG_BYTES:
+            return None
+        config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def problems(cfg: GlmTrainConfig) -> list[str]:
     """Every broken promise of a built skyrl-glm config (empty when it is consistent)."""
     out = []
@@ -50,5 +70,13 @@ def problems(cfg: GlmTrainConfig) -> list[str]:
         out.append(
             f"skyrl_glm.overlong.buffer_len: {overlong.buffer_len} is longer than the response cap "
             f"generator.sampling_params.max_generate_length={cap}"
+        )
+    model = cfg.trainer.policy.model.path
+    context = cfg.generator.inference_engine.engine_init_kwargs.get("max_model_len")
+    positions = model_positions(model)
+    if isinstance(context, int) and positions is not None and context > positions:  # vLLM refuses it in the engine
+        out.append(
+            f"generator.inference_engine.engine_init_kwargs.max_model_len: {context} is longer than the model's "
+            f"max_position_embeddings {positions} ({model}/config.json); set it to at most {positions}"
         )
     return out
