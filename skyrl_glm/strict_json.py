@@ -58,6 +58,9 @@ def dumps(report: dict[str, Any], **kwargs: Any) -> str:
 
 
 def write(report: dict[str, Any], path: str | Path, **kwargs: Any) -> None:
+    """``report`` at ``path`` whole or not at all (a run stopped while writing leaves the previous file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(report, **kwargs))
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(dumps(report, **kwargs))
+    part.replace(path)

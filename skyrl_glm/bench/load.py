@@ -270,11 +270,20 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
     except UsageError as e:
         return print_error(f"{PROG} bench load", e)
     if layouts is not None:
-        from skyrl_glm.bench.load_layouts import plot_layout_report, print_layout_report, run_layout_bench
+        from rich.console import Console
 
-        report = run_layout_bench(
-            layers, layouts, args.rounds, args.warmup, args.rank, args.sync_json, args.max_loras, decode
-        )
+        from skyrl_glm.bench.load_layouts import plot_layout_report, print_layout_report, run_layout_bench
+        from skyrl_glm.phases import Phases
+
+        def keep(so_far: dict[str, Any]) -> None:  # what is measured stays on disk if the run is stopped midway
+            if args.json:
+                strict_json.write(so_far, args.json, indent=1)
+
+        with Phases(Console(stderr=True), prefix="bench load") as phases:
+            report = run_layout_bench(
+                layers, layouts, args.rounds, args.warmup, args.rank, args.sync_json, args.max_loras, decode,
+                progress=phases.line, after_layout=keep,
+            )  # fmt: skip
         print_layout_report(report)
         if args.plot:
             plot_layout_report(report, args.plot)

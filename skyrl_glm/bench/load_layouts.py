@@ -37,6 +37,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +208,12 @@ def run_layout_bench(
     sync_json: str | None = None,
     max_loras: int = 2,
     decode: list[int] | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+    after_layout: Callable[[dict[str, Any]], None] = lambda report: None,
 ) -> dict[str, Any]:
-    """Every layout on its own engine, every layer count on each; see the module docstring."""
+    """Every layout on its own engine, every layer count on each; see the module docstring. ``progress`` gets one
+    phase line per wait (:mod:`skyrl_glm.phases`); ``after_layout`` the report so far (``complete`` false) after each
+    layout, so a run stopped midway keeps what it measured."""
     from skyrl_glm.bench.full_width import full_width_model
     from skyrl_glm.plugins import registry
     from skyrl_glm.provenance import provenance
@@ -218,12 +223,37 @@ def run_layout_bench(
     by_groups: dict[int, dict[int, Any]] = {}
     engine_layers = max(layers)
     results: dict[str, Any] = {}
+    decode_flag = f" --decode {','.join(map(str, decode))}" if decode else ""
+    report: dict[str, Any] = {
+        "command": f"skyrl-glm bench load --device cuda --config full --layers {','.join(map(str, layers))} "
+        f"--layouts {','.join(layouts)} --rank {rank} --max-loras {max_loras}{decode_flag}",
+        "complete": False,
+        "model": "glm-5.3",
+        "engine_moe_layers": engine_layers,
+        "layers": sorted(layers),
+        "rank": rank,
+        "rounds": rounds,
+        "warmup": warmup,
+        "max_loras": max_loras,
+        "decode_batches": decode or [],
+        "decode_new_tokens": DECODE_TOKENS if decode else None,
+        "layouts": results,
+        **provenance(),
+    }
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-layouts-") as tmp:
+        progress(f"full-width GLM-5.3 with {engine_layers} MoE layers (config only) ...")
         model_dir = full_width_model(Path(tmp) / "model", engine_layers)
+        progress("model written")
         version = 0
         for layout in layouts:
             groups = 1 if layout == NO_ADAPTER else expert_groups(layout) or 1
-            adapters = by_groups.setdefault(groups, _adapters(layers, rank, groups))
+            if groups not in by_groups:
+                progress(f"{layout}: rank-{rank} adapters of {groups} expert group(s) per layer on the GPU ...")
+                by_groups[groups] = _adapters(layers, rank, groups)
+                progress(f"{layout}: adapters ready")
+            adapters = by_groups[groups]
+            report.setdefault("targets", adapters[engine_layers][1])  # the same targets at every grouping
+            progress(f"{layout}: starting its engine ...")
             t0 = time.perf_counter()
             try:
                 sampler = _engine(
@@ -231,23 +261,32 @@ def run_layout_bench(
                 )
             except Exception as e:  # noqa: BLE001 - an engine that does not start (memory) is a result here
                 results[layout] = {"started": False, "reason": f"{type(e).__name__}: {e}"[:300]}
+                progress(f"{layout}: the engine did not start ({results[layout]['reason'][:120]})")
+                after_layout(report)
                 continue
             try:
                 engine_s = time.perf_counter() - t0
+                progress(f"{layout}: engine up")
                 results[layout] = {"started": True, "engine_start_s": engine_s, "expert_groups": groups}
                 if decode:
                     results[layout]["kv_cache_tokens"] = kv_cache_tokens(sampler)
                 if layout == NO_ADAPTER:
                     if decode:
+                        progress(f"{layout}: decode at batch {','.join(map(str, decode))} ...")
                         results[layout]["decode_tokens_per_s"] = {"base": decode_throughput(sampler, decode, None)}
+                        progress(f"{layout}: decode measured")
                     continue
                 slots = sampler.llm.collective_rpc("skyrl_glm_bench_lora_slots")[0]
+                progress(f"{layout}: {warmup + rounds} updates at each of {len(adapters)} layer count(s) ...")
                 rows, version = _updates(sampler, adapters, rank, rounds, warmup, version)
+                progress(f"{layout}: updates timed")
                 if decode:
+                    progress(f"{layout}: decode at batch {','.join(map(str, decode))}, adapter on and off ...")
                     results[layout]["decode_tokens_per_s"] = {
                         "adapter": decode_throughput(sampler, decode, sampler.adapter),
                         "base": decode_throughput(sampler, decode, None),
                     }
+                    progress(f"{layout}: decode measured")
             finally:
                 sampler.close()
             medians = {k: {st: statistics.median(r[st] for r in rs) for st in STAGES} for k, rs in rows.items()}
@@ -262,23 +301,8 @@ def run_layout_bench(
                     "runs": {str(k): v for k, v in rows.items()},
                 }
             )
-    decode_flag = f" --decode {','.join(map(str, decode))}" if decode else ""
-    report = {
-        "command": f"skyrl-glm bench load --device cuda --config full --layers {','.join(map(str, layers))} "
-        f"--layouts {','.join(layouts)} --rank {rank} --max-loras {max_loras}{decode_flag}",
-        "model": "glm-5.3",
-        "engine_moe_layers": engine_layers,
-        "layers": sorted(layers),
-        "rank": rank,
-        "rounds": rounds,
-        "warmup": warmup,
-        "max_loras": max_loras,
-        "decode_batches": decode or [],
-        "decode_new_tokens": DECODE_TOKENS if decode else None,
-        "targets": next(iter(by_groups.values()))[engine_layers][1],  # the same targets at every grouping
-        "layouts": results,
-        **provenance(),
-    }
+            after_layout(report)
+    report["complete"] = True
     if sync_json:
         report["end_to_end_75"] = end_to_end(report, json.loads(Path(sync_json).read_text()))
     return report

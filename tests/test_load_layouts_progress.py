@@ -1,0 +1,42 @@
+"""``bench load --layouts`` keeps what it measured and says what it waits on: a run stopped at a budget (measured on
+one H200: two such runs printed nothing and left no file) keeps every layout finished before the stop.
+
+The engines and the GPU-held adapters are stand-ins here, the one thing faked: vLLM's CPU build cannot serve
+routed-expert LoRA and this machine has no GPU (the GPU run is ``scripts/gpu-verify load``). The stand-in engine
+refuses to start, a real outcome the bench records (an engine out of memory)."""
+
+from __future__ import annotations
+
+import json
+
+from skyrl_glm import strict_json
+from skyrl_glm.bench import load_layouts
+
+
+def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypatch):
+    out = tmp_path / "load_layouts.json"
+    started: list[str] = []
+
+    def engine(model_dir, family, targets, layout, rank, max_loras, graphs):
+        on_disk = json.loads(out.read_text())["layouts"] if out.exists() else {}
+        assert list(on_disk) == started  # every earlier layout was written before this engine starts
+        started.append(layout)
+        raise RuntimeError("CUDA out of memory (stand-in engine)")
+
+    monkeypatch.setattr(load_layouts, "_engine", engine)
+    monkeypatch.setattr(
+        load_layouts, "_adapters", lambda layers, rank, groups: {k: ({}, ["mlp.experts.gate_up_proj"]) for k in layers}
+    )
+    lines: list[str] = []
+    report = load_layouts.run_layout_bench(
+        [2], ["per-expert", "grouped:4"], rounds=1, warmup=0, rank=4,
+        progress=lines.append, after_layout=lambda so_far: strict_json.write(so_far, out),
+    )  # fmt: skip
+    assert started == ["per-expert", "grouped:4"]
+    kept = json.loads(out.read_text())
+    assert kept["complete"] is False and report["complete"] is True
+    assert {k: v["started"] for k, v in kept["layouts"].items()} == {"per-expert": False, "grouped:4": False}
+    assert "out of memory" in kept["layouts"]["grouped:4"]["reason"]
+    assert "per-expert: starting its engine ..." in lines
+    assert any(line.startswith("grouped:4: the engine did not start") for line in lines)
+    assert not list(tmp_path.glob(".*.part"))  # each write replaced the file whole
