@@ -353,7 +353,8 @@ def test_a_context_longer_than_the_models_positions_is_refused_before_the_run(tm
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "glm_moe_dsa", "max_position_embeddings": 512}')
-    with pytest.raises(ConfigError, match=r"max_model_len: 10240 is longer than the model's max_position_embeddings 512"):
+    refusal = r"max_model_len: 10240 is longer than the model's max_position_embeddings 512"
+    with pytest.raises(ConfigError, match=refusal):
         load_config("glm53_dapo_math", [f"trainer.policy.model.path={model}"])
     short = "generator.inference_engine.engine_init_kwargs.max_model_len=512"
     assert load_config("glm53_dapo_math", [f"trainer.policy.model.path={model}", short])
