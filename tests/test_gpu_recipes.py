@@ -4,6 +4,8 @@ the no-GPU refusal is tested for real here)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import ray
 from omegaconf import OmegaConf
@@ -102,3 +104,36 @@ def test_local_gpu_problem_names_what_is_missing() -> None:
     two = load_config("tiny_gpu_grpo", ["trainer.placement.colocate_all=false", "skyrl_glm.hardware.gpus_per_node=2"])
     assert "needs 2 GPUs (1 trainer + 1 sampler) but 1 are visible here" in (_local_problem(two, True, 1) or "")
     assert _local_problem(load_config("tiny_cpu_grpo"), False, 0) is None  # CPU mode: logical GPUs
+
+
+def _bridge_matches(pattern: str, module: str) -> bool:
+    """Megatron-Bridge's target rule (its LoRA docs): the module's own name equals the target, or the target with
+    each '*' read as any text matches the module's full name."""
+    return module.rsplit(".", 1)[-1] == pattern or re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), module)
+
+
+def test_the_megatron_canary_is_the_gpu_canary_with_the_megatron_trainer() -> None:
+    """canary_gpu_megatron changes the trainer alone: its Megatron settings are tiny_gpu_megatron's, and its
+    targets reach attention, the dense MLP and the shared experts of GLM-4.5's Megatron modules, never the routed
+    experts (grouped or one module per expert), as canary_gpu's targets do."""
+    canary, megatron = load_config("canary_gpu"), load_config("canary_gpu_megatron")
+    tiny = load_config("tiny_gpu_megatron")
+    assert megatron.trainer.strategy == "megatron" and megatron.generator == canary.generator
+    assert megatron.skyrl_glm == canary.skyrl_glm and megatron.environment == canary.environment
+    assert megatron.trainer.policy.megatron_config == tiny.trainer.policy.megatron_config
+    assert (megatron.trainer.policy.model.path, megatron.trainer.policy.optimizer_config) == (
+        canary.trainer.policy.model.path,
+        canary.trainer.policy.optimizer_config,
+    )
+    targets = list(megatron.trainer.policy.model.lora.target_modules)
+    trained = [
+        "decoder.layers.0.self_attention.linear_qkv",
+        "decoder.layers.0.self_attention.linear_proj",
+        "decoder.layers.0.mlp.linear_fc1",
+        "decoder.layers.0.mlp.linear_fc2",
+        "decoder.layers.1.mlp.shared_experts.linear_fc1",
+        "decoder.layers.1.mlp.shared_experts.linear_fc2",
+    ]
+    routed = ["decoder.layers.1.mlp.experts.linear_fc1", "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2"]
+    assert all(any(_bridge_matches(t, m) for t in targets) for m in trained)
+    assert not any(_bridge_matches(t, m) for t in targets for m in routed)
