@@ -159,6 +159,35 @@ def test_gpu_verify_refuses_skyrls_loop_beside_other_lanes(tmp_path: Path) -> No
     assert not (tmp_path / "out" / "logs" / "gpu.txt").exists()  # nothing ran
 
 
+def test_gpu_verify_counts_megatron_and_recipe_lanes_as_skyrls_loop(tmp_path: Path) -> None:
+    """Their runs are SkyRL's loop too: beside another lane without a fixed KV cache, one line and exit 2."""
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    env.pop("SKYRL_GLM_KV_CACHE_GIB", None)
+    for lane in ("meg_glm53@perexpert", "recipe_glm53", "meg_canary"):
+        done = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "gpu-verify"), "tests", lane],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2 and f"lane {lane} runs SkyRL's loop" in done.stderr, done.stderr
+
+
+def test_gpu_verify_refuses_more_loops_than_host_memory_holds(tmp_path: Path) -> None:
+    """On one H200 thirteen loop lanes and two others reached 119.5 of 125.9 GB and Ray killed a lane: lanes past
+    the host memory available (about 10 GiB each) are one line and exit 2, before anything runs."""
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SKYRL_GLM_KV_CACHE_GIB": "2"}
+    lanes = [f"train_glm53@seed{i}" for i in range(200)]  # 2,000 GiB: more than any machine here
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-verify"), *lanes], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "200 lanes run SkyRL's loop, about 2000 GiB of host memory" in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing made or run
+
+
 def test_gpu_verify_says_why_a_step_failed(tmp_path: Path) -> None:
     """The call's output carries each failed step's own error line (the next call is decided on it while the GPU
     machine is held), and the results file is written."""
