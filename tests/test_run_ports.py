@@ -75,3 +75,20 @@ def test_skyrl_reads_the_server_start_port_from_the_environment():
     env = {**os.environ, ports.PORT_ENV: port}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == port, out.stderr[-2000:]
+
+
+def test_a_lock_folder_that_is_not_this_users_own_leaves_the_run_unlocked(tmp_path, monkeypatch, caplog):
+    """A file where the folder should be, or a folder others may write: the run still gets a free window (no
+    traceback), and the log says its windows are not locked."""
+    monkeypatch.setattr(ports.tempfile, "gettempdir", lambda: str(tmp_path))
+    folder = tmp_path / f"skyrl-glm-ports-{os.getuid()}"
+    folder.write_text("left behind")
+    with ports.claimed_start_port(2, random.Random(7)) as base:
+        assert ports.LOW <= base < ports.HIGH
+    assert "port windows not locked" in caplog.text
+    folder.unlink()
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    assert ports.lock_folder() is None
+    folder.chmod(0o700)
+    assert ports.lock_folder() == folder

@@ -14,9 +14,11 @@ environment.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import random
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from skyrl.train.config import InferenceEngineConfig
+
+log = logging.getLogger(__name__)
 
 PORT_ENV = "SKYRL_VLLM_START_PORT"
 ROUTER_METRICS_ENV = "SKYRL_GLM_ROUTER_METRICS_PORT"
@@ -46,12 +50,31 @@ def server_count(engine: InferenceEngineConfig) -> int:
     return max(engine.num_engines, 1) * max(engine.data_parallel_size, 1)
 
 
-def _claim(base: int, held: ExitStack) -> bool:
+def lock_folder() -> Path | None:
+    """This user's folder of window locks, private; None where it cannot be (a file or another user's folder at
+    that path): the run then goes without the locks, and says so."""
+    folder = Path(tempfile.gettempdir()) / f"skyrl-glm-ports-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+    except OSError as e:
+        log.warning("skyrl-glm: port windows not locked (%s): runs started together may draw the same one", e)
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        log.warning("skyrl-glm: port windows not locked: %s is not this user's private folder", folder)
+        return None
+    return folder
+
+
+def _claim(folder: Path | None, base: int, held: ExitStack) -> bool:
     """Lock window ``base`` for this process until ``held`` closes; False where another run on this host holds it
     (the lock goes with the process that holds it, so a file left behind blocks nothing)."""
-    folder = Path(tempfile.gettempdir()) / f"skyrl-glm-ports-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(folder / str(base), os.O_RDWR | os.O_CREAT, 0o600)
+    if folder is None:
+        return True
+    try:
+        fd = os.open(folder / str(base), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return False  # not a lock file this run can hold: another window
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -67,10 +90,11 @@ def claimed_start_port(servers: int, rng: random.Random | None = None, tries: in
     host holds, held until the block ends."""
     rng = rng or random.SystemRandom()
     bases = range(LOW, HIGH - servers * STRIDE, STRIDE)
+    folder = lock_folder()
     for base in rng.sample(bases, min(tries, len(bases))):
         with ExitStack() as held:
             windows = [base + i * STRIDE for i in range(servers)]
-            if all(_claim(w, held) and _free(w) for w in windows):
+            if all(_claim(folder, w, held) and _free(w) for w in windows):
                 yield base
                 return
     raise RuntimeError(f"no free port window for {servers} vLLM server(s) in {LOW}..{HIGH}")
