@@ -1,13 +1,15 @@
 """``bench load --layouts`` keeps what it measured and says what it waits on: a run stopped at a budget (measured on
 one H200: two such runs printed nothing and left no file) keeps every layout finished before the stop.
 
-The engines and the GPU-held adapters are stand-ins here, the one thing faked: vLLM's CPU build cannot serve
-routed-expert LoRA and this machine has no GPU (the GPU run is ``scripts/gpu-verify load``). The stand-in engine
-refuses to start, a real outcome the bench records (an engine out of memory)."""
+The engines (with their decode rate and KV-cache size) and the GPU-held adapters are stand-ins here, the one thing
+faked: vLLM's CPU build cannot serve routed-expert LoRA and this machine has no GPU (the GPU run is
+``scripts/gpu-verify load``). The LoRA engines refuse to start, a real outcome the bench records (an engine out of
+memory); the baseline without LoRA starts and decodes."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from skyrl_glm import strict_json
 from skyrl_glm.bench import load_layouts
@@ -21,21 +23,32 @@ def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypa
         on_disk = json.loads(out.read_text())["layouts"] if out.exists() else {}
         assert list(on_disk) == started  # every earlier layout was written before this engine starts
         started.append(layout)
+        if layout == "none":  # an engine without LoRA, the decode baseline: it starts and decodes
+            return SimpleNamespace(close=lambda: None)
         raise RuntimeError("CUDA out of memory (stand-in engine)")
 
     monkeypatch.setattr(load_layouts, "_engine", engine)
+    monkeypatch.setattr(load_layouts, "kv_cache_tokens", lambda sampler: 1024)
+    monkeypatch.setattr(
+        load_layouts, "decode_throughput", lambda sampler, batches, lora: {str(b): 1.0 for b in batches}
+    )
     monkeypatch.setattr(
         load_layouts, "_adapters", lambda layers, rank, groups: {k: ({}, ["mlp.experts.gate_up_proj"]) for k in layers}
     )
     lines: list[str] = []
     report = load_layouts.run_layout_bench(
-        [2], ["per-expert", "grouped:4"], rounds=1, warmup=0, rank=4,
+        [2], ["none", "per-expert", "grouped:4"], rounds=1, warmup=0, rank=4, decode=[1],
         progress=lines.append, after_layout=lambda so_far: strict_json.write(so_far, out),
     )  # fmt: skip
-    assert started == ["per-expert", "grouped:4"]
+    assert started == ["none", "per-expert", "grouped:4"]
     kept = json.loads(out.read_text())
     assert kept["complete"] is False and report["complete"] is True
-    assert {k: v["started"] for k, v in kept["layouts"].items()} == {"per-expert": False, "grouped:4": False}
+    assert {k: v["started"] for k, v in kept["layouts"].items()} == {
+        "none": True,
+        "per-expert": False,
+        "grouped:4": False,
+    }
+    assert kept["layouts"]["none"]["decode_tokens_per_s"] == {"base": {"1": 1.0}}
     assert "out of memory" in kept["layouts"]["grouped:4"]["reason"]
     assert "per-expert: starting its engine ..." in lines
     assert any(line.startswith("grouped:4: the engine did not start") for line in lines)

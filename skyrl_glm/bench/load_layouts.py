@@ -275,6 +275,7 @@ def run_layout_bench(
                         progress(f"{layout}: decode at batch {','.join(map(str, decode))} ...")
                         results[layout]["decode_tokens_per_s"] = {"base": decode_throughput(sampler, decode, None)}
                         progress(f"{layout}: decode measured")
+                    after_layout(report)
                     continue
                 slots = sampler.llm.collective_rpc("skyrl_glm_bench_lora_slots")[0]
                 progress(f"{layout}: {warmup + rounds} updates at each of {len(adapters)} layer count(s) ...")
