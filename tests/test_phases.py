@@ -15,14 +15,19 @@ def _console(terminal: bool) -> Console:
     return Console(record=True, force_terminal=terminal, width=100, file=open("/dev/null", "w"))  # noqa: SIM115
 
 
-def test_not_a_terminal_gets_one_line_per_phase_start_and_end():
+def _printed(*texts: str, prefix: str = "") -> list[str]:
+    """The lines a command's phases print outside a terminal, ``texts`` given one after another."""
     console = _console(terminal=False)
-    with Phases(console, prefix="check") as phases:
-        phases.line("starting the vLLM engine ...")
-        phases.line("vLLM engine ready")
-        phases.line("step 1 ok")
-        phases.line("stopping the engine ...")
-    lines = console.export_text().splitlines()
+    with Phases(console, prefix=prefix) as phases:
+        for text in texts:
+            phases.line(text)
+    return console.export_text().splitlines()
+
+
+def test_not_a_terminal_gets_one_line_per_phase_start_and_end():
+    lines = _printed(
+        "starting the vLLM engine ...", "vLLM engine ready", "step 1 ok", "stopping the engine ...", prefix="check"
+    )
     assert lines[0] == "check: starting the vLLM engine ..."
     assert re.fullmatch(r"check: vLLM engine ready \(\d+ s\)", lines[1]), lines
     assert lines[2] == "check: step 1 ok"  # neither opens nor closes: as it is
@@ -32,13 +37,9 @@ def test_not_a_terminal_gets_one_line_per_phase_start_and_end():
 
 
 def test_a_line_that_opens_while_a_phase_is_open_closes_it_on_the_same_line():
-    console = _console(terminal=False)
-    with Phases(console) as phases:
-        phases.line("starting Ray ...")
-        phases.line("Ray ready; starting the workers ...")
-        phases.line("starting the engines ...")
-        phases.line("engines up")
-    lines = console.export_text().splitlines()
+    lines = _printed(
+        "starting Ray ...", "Ray ready; starting the workers ...", "starting the engines ...", "engines up"
+    )
     assert lines[0] == "starting Ray ..."
     assert re.fullmatch(r"Ray ready \(\d+ s\); starting the workers \.\.\.", lines[1]), lines
     assert re.fullmatch(r"starting the workers: done \(\d+ s\); starting the engines \.\.\.", lines[2]), lines
