@@ -18,7 +18,6 @@ import logging
 import os
 import random
 import socket
-import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -53,15 +52,17 @@ def server_count(engine: InferenceEngineConfig) -> int:
 def lock_folder() -> Path | None:
     """This user's folder of window locks, private; None where it cannot be (a file or another user's folder at
     that path): the run then goes without the locks, and says so."""
+    from skyrl_glm.skyrl.config.key_placement import private_dir_problem
+
     folder = Path(tempfile.gettempdir()) / f"skyrl-glm-ports-{os.getuid()}"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
-        st = folder.lstat()
     except OSError as e:
-        log.warning("skyrl-glm: port windows not locked (%s): runs started together may draw the same one", e)
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        log.warning("skyrl-glm: port windows not locked: %s is not this user's private folder", folder)
+        problem: str | None = f"{folder}: {e.strerror or e}"
+    else:
+        problem = private_dir_problem(folder)
+    if problem is not None:
+        log.warning("skyrl-glm: port windows not locked (%s): runs started together may draw the same one", problem)
         return None
     return folder
 
