@@ -67,10 +67,15 @@ def _check_index(directory: Path) -> None:
         raise UsageError(f"{index}: names shards that are missing: {', '.join(missing)}")
 
 
+def text_value(config: dict[str, Any], key: str) -> Any:
+    """``key`` of a config.json: at its top level, or in a multimodal model's ``text_config`` (GLM-5.3-Flash)."""
+    text_config = config.get("text_config")
+    return config.get(key) or (text_config.get(key) if isinstance(text_config, dict) else None)
+
+
 def vocab_size(config: dict[str, Any], where: str | Path) -> int:
     """The vocabulary size from a config (top level, or a multimodal model's ``text_config``)."""
-    text_config = config.get("text_config")
-    value = config.get("vocab_size") or (text_config.get("vocab_size") if isinstance(text_config, dict) else None)
+    value = text_value(config, "vocab_size")
     if not isinstance(value, int) or isinstance(value, bool) or value < 9:
         raise UsageError(f"{where}: vocab_size must be an integer > 8, got {value!r}")
     return value

@@ -358,3 +358,7 @@ def test_a_context_longer_than_the_models_positions_is_refused_before_the_run(tm
         load_config("glm53_dapo_math", [f"trainer.policy.model.path={model}"])
     short = "generator.inference_engine.engine_init_kwargs.max_model_len=512"
     assert load_config("glm53_dapo_math", [f"trainer.policy.model.path={model}", short])
+    # a multimodal checkpoint (GLM-5.3-Flash) keeps its positions in its text config
+    (model / "config.json").write_text('{"model_type": "glm5_next", "text_config": {"max_position_embeddings": 512}}')
+    with pytest.raises(ConfigError, match=refusal):
+        load_config("glm53_dapo_math", [f"trainer.policy.model.path={model}"])

@@ -40,8 +40,10 @@ MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few KiB; a larger one i
 
 
 def model_positions(path: Any) -> int | None:
-    """``max_position_embeddings`` of a model whose folder is on this machine (a hub id, an unreadable or odd
-    config: None, and vLLM judges it where the run starts)."""
+    """``max_position_embeddings`` of a model whose folder is on this machine, a multimodal one's from its text
+    config (a hub id, an unreadable or odd config: None, and vLLM judges it where the run starts)."""
+    from skyrl_glm.checkpoint import text_value
+
     config_file = Path(str(path)) / "config.json"
     try:
         if not config_file.is_file() or config_file.stat().st_size > MAX_CONFIG_BYTES:
@@ -49,7 +51,7 @@ def model_positions(path: Any) -> int | None:
         config = json.loads(config_file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    value = text_value(config, "max_position_embeddings") if isinstance(config, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -73,8 +75,8 @@ def problems(cfg: GlmTrainConfig) -> list[str]:
         )
     model = cfg.trainer.policy.model.path
     context = cfg.generator.inference_engine.engine_init_kwargs.get("max_model_len")
-    positions = model_positions(model)
-    if isinstance(context, int) and positions is not None and context > positions:  # vLLM refuses it in the engine
+    # vLLM refuses a longer context inside the engine, minutes into the run; the model's config is read only if set
+    if isinstance(context, int) and (positions := model_positions(model)) is not None and context > positions:
         out.append(
             f"generator.inference_engine.engine_init_kwargs.max_model_len: {context} is longer than the model's "
             f"max_position_embeddings {positions} ({model}/config.json); set it to at most {positions}"
