@@ -19,7 +19,7 @@ def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypa
     out = tmp_path / "load_layouts.json"
     started: list[str] = []
 
-    def engine(model_dir, family, targets, layout, rank, max_loras, graphs):
+    def engine(model_dir, family, targets, layout, rank, max_loras, decode):
         on_disk = json.loads(out.read_text())["layouts"] if out.exists() else {}
         assert list(on_disk) == started  # every earlier layout was written before this engine starts
         started.append(layout)
@@ -30,7 +30,9 @@ def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypa
     monkeypatch.setattr(load_layouts, "_engine", engine)
     monkeypatch.setattr(load_layouts, "kv_cache_tokens", lambda sampler: 1024)
     monkeypatch.setattr(
-        load_layouts, "decode_throughput", lambda sampler, batches, lora: {str(b): 1.0 for b in batches}
+        load_layouts,
+        "decode_throughput",
+        lambda sampler, batches, loras: {label: {str(b): 1.0 for b in batches} for label in loras},
     )
     monkeypatch.setattr(
         load_layouts, "_adapters", lambda layers, rank, groups: {k: ({}, ["mlp.experts.gate_up_proj"]) for k in layers}
@@ -53,3 +55,12 @@ def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypa
     assert "per-expert: starting its engine ..." in lines
     assert any(line.startswith("grouped:4: the engine did not start") for line in lines)
     assert not list(tmp_path.glob(".*.part"))  # each write replaced the file whole
+
+
+def test_decode_throughput_times_each_request_kind_in_turn_on_a_real_engine(glm45_sampler):
+    """On vLLM's CPU build (the tiny GLM-4.5 engine the suite shares, a real engine here): one rate per request
+    kind and batch size, each the median of its timed rounds."""
+    rates = load_layouts.decode_throughput(glm45_sampler, [1, 3], {"base": None, "base again": None})
+    assert set(rates) == {"base", "base again"}
+    for row in rates.values():
+        assert set(row) == {"1", "3"} and all(0 < r < float("inf") for r in row.values())
