@@ -165,7 +165,8 @@ def opening_lines(t: TrainerConfig, glm: GlmSection, log_file: Path, verbose: bo
     """What is about to run, and where its full log goes."""
     from skyrl_glm.skyrl.config.placement import sync_transports
 
-    steps = f"{t.max_training_steps} steps" if t.max_training_steps else f"{t.epochs} epoch(s)"
+    # SkyRL stops at the cap or at the data's end, whichever comes first (a 2-batch file runs 2 of a cap of 3)
+    steps = f"up to {t.max_training_steps} steps" if t.max_training_steps else f"{t.epochs} epoch(s)"
     sync = f"{glm.sync.mode} via {sync_transports(glm, t.placement)}" if glm.sync.mode == "memory" else "disk (SkyRL's)"
     check = "before step 1" if glm.check.before_training else "off"
     if glm.check.every_n_syncs:
