@@ -3,6 +3,8 @@ reused addresses never alias unequal tensors. CPU here; ``test_checksum_gpu.py``
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -279,6 +281,27 @@ def test_a_memo_dedups_an_update_like_the_last_per_sent_tensor_and_anything_else
     assert memo.hits == 1 and _rules(got) == _rules(deduplicate(iter(renamed), shared_storage=True))
     assert _rules(deduplicate(iter(_bridge_stream(seed=2)), shared_storage=True, memo=memo)) == _rules(want)
     assert memo.hits == 1  # the memo now holds the renamed layout
+
+
+def _new_view_per_expert(stream: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Every routed expert's gate and up ``lora_B`` a view object of its own, as Megatron-Bridge hands them out
+    (it splits the fused ``linear_out`` anew for each expert)."""
+    fused_b = re.compile(r"\.experts\.\d+\.(gate|up)_proj\.lora_B\.")
+    return [(n, t.view(t.shape) if fused_b.search(n) else t) for n, t in stream]
+
+
+def test_a_memo_dedups_an_update_whose_names_show_one_tensor_through_new_view_objects():
+    memo = dedup.DedupMemo()
+    deduplicate(iter(_new_view_per_expert(_bridge_stream(seed=0))), shared_storage=True, memo=memo)
+    again = _new_view_per_expert(_bridge_stream(seed=1))
+    got = deduplicate(iter(again), shared_storage=True, memo=memo)
+    assert memo.hits == 1 and _rules(got) == _rules(deduplicate(iter(again), shared_storage=True))
+    # a view object of another part of the storage under one expert's name is another tensor: in full
+    shifted = [(n, t[1:] if "layers.1.mlp.experts.2.up_proj.lora_B" in n else t) for n, t in _bridge_stream(seed=2)]
+    shifted = _new_view_per_expert(shifted)
+    got = deduplicate(iter(shifted), shared_storage=True, memo=memo)
+    assert memo.hits == 1 and _rules(got) == _rules(deduplicate(iter(shifted), shared_storage=True))
+    assert len(got.unique) == len(deduplicate(iter(again), shared_storage=True).unique) + 1
 
 
 @pytest.mark.parametrize(

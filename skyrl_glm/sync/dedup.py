@@ -32,7 +32,9 @@ every pass over the objects costs a cache miss each):
    which name shows which tensor, are the same every update (only the values change), so an update whose names
    equal the last one's and whose tensors repeat its identity pattern is deduplicated by checking exactly that at C
    speed (one list comparison, one address read and one numpy comparison over the names) and per sent tensor (its
-   shape, dtype and strides); no sort, no alias-rule pass. Anything else is deduplicated in full and remembered.
+   shape, dtype and strides); no sort, no alias-rule pass. An exporter that hands out a new view object per name
+   (Megatron-Bridge's gate/up split per expert) repeats the pattern by storage view instead, read per distinct
+   object. Anything else is deduplicated in full and remembered.
 
 Sent tensors are in stream order of first appearance (a value told apart only after a fingerprint collision comes
 after its slice's other new values); each sent tensor's names keep stream order, the first is its sent name.
@@ -441,6 +443,17 @@ def _view_kinds(tensors: Sequence[torch.Tensor]) -> list[tuple]:
     return list(zip(map(_shape, tensors), map(_dtype, tensors), map(_strides, tensors), strict=True))
 
 
+def _view_rows(tensors: Sequence[torch.Tensor], ids: np.ndarray) -> np.ndarray:
+    """Per tensor, the storage view it shows (a row of data pointer, shape, strides and dtype; see :class:`_Kinds`),
+    read once per distinct object: an exporter may hand out a new view object per name of one tensor
+    (Megatron-Bridge splits a fused ``linear_out`` into gate and up anew for every expert)."""
+    _, first, of_obj = np.unique(ids, return_index=True, return_inverse=True)
+    objs = _pick(tensors, first)
+    ptrs = np.fromiter(map(torch.Tensor.data_ptr, objs), np.int64, len(objs))
+    _, views = _Kinds().rows(objs, ptrs)
+    return views[of_obj.reshape(-1)]
+
+
 class DedupMemo:
     """The last declared-sharing result of a run's export (see step 5 of the module's doc), held by the sender
     across updates. Holds names and indices only: no tensor of an update outlives it here."""
@@ -456,18 +469,24 @@ class DedupMemo:
 
     def match(self, names: list[str], tensors: list[torch.Tensor]) -> Dedup | None:
         """This update deduplicated as the remembered one was, if its names are equal and each name shows the
-        object its sent tensor's first name shows, those objects distinct and viewed alike; else None."""
+        object (or else the storage view) its sent tensor's first name shows, those distinct and viewed alike;
+        else None."""
         if self.result is None or names != self.names:
             return None
         ids = _addresses(tensors)
-        heads = ids[self.heads]
-        if not np.array_equal(ids, heads[self.refs]) or len(np.unique(heads)) != len(heads):
+        if not self._repeats(ids) and not self._repeats(_view_rows(tensors, ids)):
             return None
         sent = _pick(tensors, self.heads)
         if _view_kinds(sent) != self.kinds:
             return None
         self.hits += 1
         return dataclasses.replace(self.result, unique=dict(zip(self.sent, sent, strict=True)))
+
+    def _repeats(self, keys: np.ndarray) -> bool:
+        """Each name's key (an address, or a view's row) is its sent tensor's first name's, and the sent tensors'
+        keys are distinct."""
+        heads = keys[self.heads]
+        return np.array_equal(keys, heads[self.refs]) and len(np.unique(heads, axis=0)) == len(heads)
 
     def remember(self, names: list[str], result: Dedup, refs: np.ndarray) -> None:
         _, heads = np.unique(refs, return_index=True)  # sent indices are 0..n-1 in order
