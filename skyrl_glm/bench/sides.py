@@ -107,8 +107,6 @@ class Sender:
 
         return TimedStream(pairs())
 
-        return TimedStream(pairs())
-
     def _public_stream(self) -> tuple[Iterator[tuple[str, torch.Tensor]], TimedStream | None]:
         """``(public name, tensor)`` pairs as a path consumes them, and the export timer (bridge-stream only)."""
         if self.public is not None:
