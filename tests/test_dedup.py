@@ -3,8 +3,6 @@ reused addresses never alias unequal tensors. CPU here; ``test_checksum_gpu.py``
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
@@ -286,8 +284,9 @@ def test_a_memo_dedups_an_update_like_the_last_per_sent_tensor_and_anything_else
 def _new_view_per_expert(stream: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """Every routed expert's gate and up ``lora_B`` a view object of its own, as Megatron-Bridge hands them out
     (it splits the fused ``linear_out`` anew for each expert)."""
-    fused_b = re.compile(r"\.experts\.\d+\.(gate|up)_proj\.lora_B\.")
-    return [(n, t.view(t.shape) if fused_b.search(n) else t) for n, t in stream]
+    from skyrl_glm.lora.bridge import VIEW_PER_EXPERT
+
+    return [(n, t.view(t.shape) if VIEW_PER_EXPERT.search(n) else t) for n, t in stream]
 
 
 def test_a_memo_dedups_an_update_whose_names_show_one_tensor_through_new_view_objects():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,14 +14,11 @@ import torch
 
 from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, fold_value, is_lora_b
 from skyrl_glm.bench.verify import verify_rebuilt
-from skyrl_glm.lora.bridge import PEFT_PREFIX, adapter_config
+from skyrl_glm.lora.bridge import PEFT_PREFIX, VIEW_PER_EXPERT, adapter_config
 from skyrl_glm.sync.dedup import DedupMemo
 from skyrl_glm.sync.plan import PlanCache, synchronize
 
 TIMED_PAIRS = 16  # exporter pairs timed at once
-# A routed expert's gate and up lora_B: Megatron-Bridge 0.6.2 splits the fused linear_fc1 linear_out anew for every
-# expert (peft_bridge._get_fused_adapter_linear_out_slices), so each such name comes as a view object of its own.
-SPLIT_PER_EXPERT = re.compile(r"\.experts\.\d+\.(?:gate|up)_proj\.lora_B\.weight$")
 
 
 def _reset_peak(device: torch.device) -> int:
@@ -74,7 +70,7 @@ class Sender:
     """The trainer side. ``resident``: holds the public adapter (shared storage or, with ``copies``, one copy per
     name); ``bridge-stream``: holds the model's live adapter (its unique values) and exports it afresh for every
     sync, as Megatron-Bridge's ``export_adapter_weights(cpu=False)`` does (:meth:`export`), a routed expert's gate
-    and up ``lora_B`` each a view object of its own (:data:`SPLIT_PER_EXPERT`)."""
+    and up ``lora_B`` each a view object of its own (:data:`~skyrl_glm.lora.bridge.VIEW_PER_EXPERT`)."""
 
     def __init__(self, opts: BenchOptions, syn: Synthetic, transport: Any, bridge: Any = None) -> None:
         self.opts, self.syn, self.transport = opts, syn, transport
@@ -91,7 +87,7 @@ class Sender:
         self.config = adapter_config(opts.rank, opts.alpha, syn.targets)
         self.plan: Any = None
         self.memo = DedupMemo()  # ours, across the rounds: a sync of the same export is a sync like the last
-        self.split_per_expert = {n for n in syn.names if SPLIT_PER_EXPERT.search(n)}
+        self.split_per_expert = {n for n in syn.names if VIEW_PER_EXPERT.search(n)}
         self.plan_cache = PlanCache()  # ours, across the rounds: the plan's layout of an unchanged structure
 
     def export(self) -> TimedStream:

@@ -12,7 +12,9 @@ What ``AutoBridge.export_adapter_weights(model)`` yields for a GLM model with Lo
 * grouped routed experts (``mlp.experts.linear_fc{1,2}``) are emitted per expert under the checkpoint's per-expert
   names ``model.layers.L.mlp.experts.{e}.{gate,up,down}_proj``. With one adapter for all experts of a layer
   (``share_expert_adapters``; per EP rank when EP > 1) every expert name carries the same tensors: 6 * E names per MoE
-  layer, 5 distinct tensors (fc1 A, gate B, up B, fc2 A, fc2 B).
+  layer, 5 distinct tensors (fc1 A, gate B, up B, fc2 A, fc2 B). The gate and up ``lora_B`` are split from the fused
+  ``linear_out`` anew for every expert (Bridge 0.6.2's ``_get_fused_adapter_linear_out_slices``), so each of those
+  names comes as a view object of its own (:data:`VIEW_PER_EXPERT`);
 * models whose HF checkpoint packs the experts (``mlp.experts.gate_up_proj`` / ``down_proj``, not GLM's) with
   shared-outer grouped-expert LoRA get the shared side as one ``(1, ...)`` tensor under the expert-agnostic name
   and the per-expert side as one 2D slice per expert under one expert-agnostic name, in expert order (SkyRL's file
@@ -25,6 +27,7 @@ What ``AutoBridge.export_adapter_weights(model)`` yields for a GLM model with Lo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
 
 # What PEFT (and SkyRL's Megatron adapter source) puts before the export's names.
 PEFT_PREFIX = "base_model.model."
+# The export's names that come as a new view object per routed expert: the gate and up lora_B (see above).
+VIEW_PER_EXPERT = re.compile(r"\.experts\.\d+\.(?:gate|up)_proj\.lora_B\.weight$")
 
 
 def adapter_config(rank: int, alpha: float, targets: Sequence[str]) -> dict[str, Any]:
