@@ -4,6 +4,8 @@
   vLLM's LoRA name parses per name across loads (:mod:`skyrl_glm.sync.vllm.lora_names`).
 * Installs the shared-all and grouped expert layouts' slots (:mod:`skyrl_glm.sync.vllm.shared_factors`), on only
   in an engine that asks for it.
+* Activates an adapter by replaying vLLM's own slot writes, recorded on the first activation of each adapter
+  structure (:mod:`skyrl_glm.sync.vllm.slot_replay`).
 * On CPU only: keeps the CPU fused-MoE backend when LoRA is enabled. vLLM otherwise forces the Triton
   MoE-LoRA backend, which fails on CPU; routed experts then carry no LoRA, so the target list must
   exclude them (the model policies do, for sampler ``vllm-cpu``).
@@ -40,12 +42,13 @@ def register() -> None:
     from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import apply_lora_in_memory_patch
     from vllm.platforms import current_platform
 
-    from skyrl_glm.sync.vllm import lora_names, route_guard, shared_factors
+    from skyrl_glm.sync.vllm import lora_names, route_guard, shared_factors, slot_replay
 
     apply_lora_in_memory_patch()
     lora_names.install()
     route_guard.install()
     shared_factors.install()
+    slot_replay.install()
     if current_platform.is_cpu():
         _keep_cpu_moe_backend_with_lora()
         from skyrl_glm.models.glm5_vllm_cpu import register_cpu_model

@@ -74,9 +74,6 @@ class AsyncVllmEngineSampler(LoraVersions):
     async def _remove_lora(self, lora_id: int) -> bool:
         return await self.engine.remove_lora(lora_id)
 
-    async def _reset_prefix_cache(self) -> bool:
-        return await self.engine.reset_prefix_cache()
-
     async def _run_steps(self, steps: Steps) -> Any:
         async with self._updating:
             return await drive_async(steps, self._call)

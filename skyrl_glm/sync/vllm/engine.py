@@ -198,9 +198,6 @@ class VllmEngineSampler(LoraVersions):
     def _remove_lora(self, lora_id: int) -> bool:
         return self.llm.llm_engine.remove_lora(lora_id)
 
-    def _reset_prefix_cache(self) -> bool:
-        return self.llm.reset_prefix_cache()
-
     # -- adapter updates ---------------------------------------------------------------------------
     def apply_update(self, manifest_json: str, handle: dict[str, Any], transport: str) -> UpdateResult:
         return drive(self.update_steps(manifest_json, handle, transport), self._call)

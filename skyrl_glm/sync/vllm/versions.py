@@ -1,7 +1,7 @@
 """Adapter-version bookkeeping shared by both vLLM samplers, written as engine operations.
 
 :class:`LoraVersions` knows which LoRA ids serve and describes each update as a sequence of engine operations
-(``rpc``, ``add_lora``, ``remove_lora``, ``reset_prefix_cache``). :func:`drive` runs such a sequence on a
+(``rpc``, ``add_lora``, ``remove_lora``). :func:`drive` runs such a sequence on a
 blocking engine (the offline ``vllm.LLM`` in :mod:`skyrl_glm.sync.vllm.engine`),
 :func:`~skyrl_glm.sync.vllm.async_engine.drive_async` on ``AsyncLLM``, so both samplers share one update protocol.
 """
@@ -18,8 +18,8 @@ from skyrl.backends.skyrl_train.weight_sync.lora_target import in_memory_lora_pa
 from skyrl_glm.sync.expert_layout import layout_of, request_fields
 from skyrl_glm.sync.update import UpdateResult, describe_error
 
-# One engine operation: ("rpc", method, args) | ("add_lora", request) | ("remove_lora", lora_id)
-# | ("reset_prefix_cache",). An engine runs it through its method ``_<op[0]>(*op[1:])``; an exception
+# One engine operation: ("rpc", method, args) | ("add_lora", request) | ("remove_lora", lora_id).
+# An engine runs it through its method ``_<op[0]>(*op[1:])``; an exception
 # the operation raises is thrown back into the steps at the ``yield``.
 Op = tuple[Any, ...]
 Steps = Generator[Op, Any, Any]
@@ -118,9 +118,9 @@ class LoraVersions:
                 self._retired[stale.lora_int_id] = stale
             else:
                 yield ("remove_lora", stale.lora_int_id)
-        # Prefix-cache blocks are keyed by adapter name and path (which carry the version), so a stale entry
-        # is never hit by another version; the reset frees them. With requests running it may free nothing.
-        yield ("reset_prefix_cache",)
+        # No prefix-cache reset: vLLM keys a cached block by the adapter's name and path, which carry the version,
+        # so no other version ever hits a stale block, and vLLM evicts it like any unused one. A reset walks every
+        # KV block in Python (vLLM's BlockPool.reset_prefix_cache), a cost that grows with the cache, not the update.
         return None
 
     def remove_steps(self, request: Any) -> Steps:

@@ -1,0 +1,327 @@
+"""Activating an adapter version by replaying vLLM's own slot writes, recorded once per adapter structure.
+
+vLLM activates an adapter by walking every LoRA module in Python (``reset_lora`` then ``set_lora``: slicing, a
+zero fill and a copy per factor, one kernel launch each): the per-layer part of the load (about 0.85 ms per
+full-width GLM-5.3 MoE layer on one H200, ~64 ms at 75 layers) on every update. An RL run loads one adapter
+structure again and again (same modules, factor shapes and strides; new values), so the writes are the same each
+time but for the source tensors and the slot index.
+
+The first activation of a structure runs vLLM's loop under a :class:`~torch.utils._python_dispatch.TorchDispatchMode`
+that records every write: into which LoRA slot tensor, where inside the slot's index block, and from which view of
+which of the adapter's factors (or which constant). Later activations of that structure keep vLLM's bookkeeping
+(which id sits in which slot) and skip only its per-module writes, replaying the recording instead: constants in
+one batched call, factor views in one ``torch._foreach_copy_``, at whatever slot index vLLM chose.
+
+A recording is kept only if that replay provably leaves what vLLM's loop leaves: every write is a ``copy_``,
+``fill_`` or ``zero_`` into a LoRA slot tensor's block at the activated index; a copied source is a view of a factor
+(through view ops only) or a constant (nothing computed from a factor); no two copies overlap, and no constant is
+written over an earlier copy (the replay writes constants first), an identical later write replacing an earlier
+one. Anything else (a computed source, a write elsewhere, an unknown mutating op) leaves that structure on vLLM's
+loop for the engine's life. The replay assumes what vLLM writes depends on the factors' shapes, strides and dtypes,
+not their values (true of every ``set_lora`` in vLLM 0.30-0.32). Off with ``SKYRL_GLM_SLOT_REPLAY=0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+log = logging.getLogger(__name__)
+
+ENV = "SKYRL_GLM_SLOT_REPLAY"
+_STATE = "_skyrl_glm_slot_replay"  # on a LoRAModelManager: its SlotReplay
+_SLOT_STORAGE = "_skyrl_glm_slot_storage"  # the grouped layouts' slot storage (shared_factors._STORAGE)
+_WRITES = (torch.ops.aten.copy_.default, torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor)
+_ZERO = torch.ops.aten.zero_.default
+
+
+class NotReplayable(Exception):
+    """Why a recorded activation cannot be replayed in batches (the structure keeps vLLM's loop)."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A LoRA slot tensor's storage: its base (any tensor on it), the storage offset of index 0 and the elements
+    per index (the stride of its first dimension)."""
+
+    base: torch.Tensor
+    offset: int
+    per_index: int
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a write lands: ``size``/``stride`` at ``at`` elements into the slot's index block."""
+
+    slot: Slot
+    at: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.at, self.at + sum((n - 1) * s for n, s in zip(self.size, self.stride, strict=True)) + 1
+
+    def view(self, index: int) -> torch.Tensor:
+        return self.slot.base.as_strided(
+            self.size, self.stride, self.slot.offset + index * self.slot.per_index + self.at
+        )
+
+
+@dataclass
+class Recording:
+    """One structure's writes, in replay order: constants (``zeros`` and ``constants``), then factor views
+    (``copies``: the place, then the factor's position and the view's offset in it, shape and strides; a view that
+    is the whole factor has none)."""
+
+    zeros: list[Place] = field(default_factory=list)
+    constants: list[tuple[Place, torch.Tensor]] = field(default_factory=list)
+    copies: list[tuple[Place, int, tuple[int, tuple[int, ...], tuple[int, ...]] | None]] = field(default_factory=list)
+    _places: dict[int, tuple[list[torch.Tensor], ...]] = field(default_factory=dict)
+
+    def places(self, index: int) -> tuple[list[torch.Tensor], ...]:
+        """The slot views written at ``index`` (zeros, constants, copies) and the constants' values, made once."""
+        if index not in self._places:
+            consts = [p.view(index) for p, _ in self.constants]
+            self._places[index] = (
+                [p.view(index) for p in self.zeros],
+                consts,
+                [v.expand(c.shape) for (_, v), c in zip(self.constants, consts, strict=True)],
+                [p.view(index) for p, _, _ in self.copies],
+            )
+        return self._places[index]
+
+    def replay(self, index: int, factors: list[torch.Tensor | None]) -> None:
+        zeros, consts, values, dsts = self.places(index)
+        if zeros:
+            torch._foreach_zero_(zeros)
+        if consts:
+            torch._foreach_copy_(consts, values, non_blocking=True)
+        if dsts:
+            srcs = [
+                factors[k]
+                if view is None
+                else factors[k].as_strided(view[1], view[2], factors[k].storage_offset() + view[0])  # type: ignore[union-attr]
+                for _, k, view in self.copies
+            ]
+            torch._foreach_copy_(dsts, srcs, non_blocking=True)
+
+    @property
+    def writes(self) -> int:
+        return len(self.zeros) + len(self.constants) + len(self.copies)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+class _Recorder(TorchDispatchMode):
+    """Watches one activation at slot ``index``: each write's place and source, or why it cannot be replayed."""
+
+    def __init__(self, slots: dict[int, Slot], factors: list[torch.Tensor | None], index: int) -> None:
+        super().__init__()
+        self.slots, self.index = slots, index
+        self.origin: dict[int, int] = {id(f): k for k, f in reversed(list(enumerate(factors))) if f is not None}
+        self.factors = factors
+        self.keep: list[Any] = []  # tensors whose id() is in origin/tainted stay alive while recording
+        self.tainted: set[int] = set()
+        self.writes: list[tuple[Place, Any]] = []  # (place, ("zero",) | ("const", t) | ("copy", k, at, ...))
+        self.refused: str | None = None
+
+    def place(self, dst: torch.Tensor) -> Place:
+        slot = self.slots.get(dst.untyped_storage().data_ptr())
+        if slot is None:
+            raise NotReplayable(f"a write outside the LoRA slots ({tuple(dst.shape)})")
+        at = dst.storage_offset() - slot.offset - self.index * slot.per_index
+        place = Place(slot, at, tuple(dst.shape), tuple(dst.stride()))
+        lo, hi = place.span
+        if dst.numel() and (lo < 0 or hi > slot.per_index):
+            raise NotReplayable("a write outside the activated index's block")
+        return place
+
+    def source(self, src: Any) -> tuple[Any, ...]:
+        if isinstance(src, torch.Tensor) and id(src) in self.origin:
+            k = self.origin[id(src)]
+            f = self.factors[k]
+            assert f is not None
+            view = (src.storage_offset() - f.storage_offset(), tuple(src.shape), tuple(src.stride()))
+            whole = view == (0, tuple(f.shape), tuple(f.stride()))
+            return ("copy", k, None if whole else view)
+        if isinstance(src, torch.Tensor) and (
+            id(src) in self.tainted or src.numel() != 1 or src.untyped_storage().data_ptr() in self.slots
+        ):
+            raise NotReplayable("a write from a tensor that is neither a view of a factor nor a constant")
+        value = src.detach().clone() if isinstance(src, torch.Tensor) else torch.tensor(src)
+        return ("const", value.reshape(()))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.refused is None:
+            try:
+                if func in _WRITES or func is _ZERO:
+                    dst = args[0]
+                    source = ("const", torch.tensor(0)) if func is _ZERO else self.source(args[1])
+                    self.writes.append((self.place(dst), source))
+                elif func._schema.is_mutable:
+                    raise NotReplayable(f"{func} writes in place")
+            except NotReplayable as e:
+                self.refused = str(e)
+        out = func(*args, **kwargs)
+        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        outputs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+        if func.is_view and inputs and id(inputs[0]) in self.origin:
+            for o in outputs:
+                self.origin[id(o)] = self.origin[id(inputs[0])]
+            self.keep.extend(outputs)
+        elif any(id(a) in self.origin or id(a) in self.tainted for a in inputs):
+            self.tainted.update(id(o) for o in outputs)
+            self.keep.extend(outputs)
+        return out
+
+    def recording(self) -> Recording:
+        """The writes in replay order (zeros, constants, copies), or :class:`NotReplayable`."""
+        if self.refused is not None:
+            raise NotReplayable(self.refused)
+        last: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], int] = {}
+        for i, (place, _) in enumerate(self.writes):
+            last[(place.slot.base.untyped_storage().data_ptr(), place.at, place.size, place.stride)] = i
+        written: dict[int, list[tuple[int, tuple[int, int]]]] = {}  # storage -> (phase, span) so far
+        out = Recording()
+        for place, source in (self.writes[i] for i in sorted(last.values())):
+            if 0 in place.size:
+                continue
+            phase = 2 if source[0] == "copy" else 0 if not bool(source[1]) else 1
+            spans = written.setdefault(place.slot.base.untyped_storage().data_ptr(), [])
+            # replayed in phase order (zeros, constants, copies), each phase in one unordered batch: an overlap
+            # with an earlier write of a later phase, or of the same phase but zeros, would change the result
+            if any((p > phase or p == phase > 0) and _overlap(place.span, span) for p, span in spans):
+                raise NotReplayable("overlapping writes whose order the batched replay would not keep")
+            spans.append((phase, place.span))
+            if phase == 2:
+                out.copies.append((place, *source[1:]))
+            elif phase == 0:
+                out.zeros.append(place)
+            else:
+                out.constants.append((place, source[1].to(place.slot.base.device, place.slot.base.dtype)))
+        return out
+
+
+def slot_tensors(modules: Any) -> dict[int, Slot]:
+    """Every LoRA slot tensor of the manager's modules, by storage: tensors (or tuples of them) among each module's
+    attributes, and the grouped layouts' slot storage."""
+    slots: dict[int, Slot] = {}
+    for module in modules.values():
+        values = list(vars(module).values()) + list(getattr(module, _SLOT_STORAGE, {}).values())
+        for value in values:
+            for t in value if isinstance(value, list | tuple) else (value,):
+                if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.stride(0) > 0:
+                    slots.setdefault(t.untyped_storage().data_ptr(), Slot(t, t.storage_offset(), t.stride(0)))
+    return slots
+
+
+def adapter_factors(lora_model: Any) -> tuple[list[torch.Tensor | None], tuple[Any, ...]]:
+    """The adapter's factors in one order (module name, A then B, packed entries in order) and its structure: per
+    factor its shape, strides, dtype, device and the first position holding the same tensor."""
+    factors: list[torch.Tensor | None] = []
+    for name in sorted(lora_model.loras):
+        weights = lora_model.loras[name]
+        for side in (weights.lora_a, weights.lora_b):
+            factors.extend(side if isinstance(side, list) else [side])
+    first: dict[int, int] = {}
+    structure = tuple(
+        None if f is None else (f.shape, f.stride(), f.dtype, f.device, first.setdefault(id(f), k))
+        for k, f in enumerate(factors)
+    )
+    return factors, (tuple(sorted(lora_model.loras)), structure)
+
+
+@dataclass
+class SlotReplay:
+    """One manager's recordings by adapter structure (None: that structure keeps vLLM's loop) and counts."""
+
+    enabled: bool = True
+    recordings: dict[tuple[Any, ...], Recording | None] = field(default_factory=dict)
+    slots: dict[int, Slot] | None = None
+    counts: dict[str, int] = field(default_factory=lambda: {"recorded": 0, "replayed": 0, "refused": 0, "vllm": 0})
+
+
+def state(manager: Any) -> SlotReplay:
+    replay = manager.__dict__.get(_STATE)
+    if replay is None:
+        replay = manager.__dict__[_STATE] = SlotReplay(enabled=os.environ.get(ENV, "1") != "0")
+    return replay
+
+
+@contextmanager
+def _writes_skipped(modules: Any) -> Iterator[None]:
+    """Each module's ``set_lora``/``reset_lora`` a no-op for vLLM's loop (instance attributes over its methods)."""
+    for module in modules.values():
+        module.__dict__["set_lora"] = module.__dict__["reset_lora"] = _skip  # past nn.Module's slow __setattr__
+    try:
+        yield
+    finally:
+        for module in modules.values():
+            del module.__dict__["set_lora"], module.__dict__["reset_lora"]
+
+
+def _skip(*_args: Any) -> None:
+    return None
+
+
+def activate(original: Any, manager: Any, lora_id: int) -> bool:
+    """vLLM's ``activate_adapter``, its per-module writes recorded on a structure's first activation and replayed
+    on later ones."""
+    replay = state(manager)
+    if not replay.enabled or lora_id in manager._active_adapters:
+        replay.counts["vllm"] += 1
+        return original(manager, lora_id)
+    factors, structure = adapter_factors(manager._registered_adapters[lora_id])
+    if structure in replay.recordings:
+        recording = replay.recordings[structure]
+        if recording is None:
+            replay.counts["vllm"] += 1
+            return original(manager, lora_id)
+        with _writes_skipped(manager.modules):
+            result = original(manager, lora_id)
+        recording.replay(manager.lora_index_to_id.index(lora_id), factors)
+        replay.counts["replayed"] += 1
+        return result
+    if replay.slots is None:
+        replay.slots = slot_tensors(manager.modules)
+    index = next((i for i, held in enumerate(manager.lora_index_to_id) if held is None), 0)
+    recorder = _Recorder(replay.slots, factors, index)
+    with recorder:
+        result = original(manager, lora_id)
+    if manager.lora_index_to_id.index(lora_id) != index:
+        recorder.refused = "vLLM chose another slot index than the first free one"
+    try:
+        replay.recordings[structure] = recorder.recording()
+        replay.counts["recorded"] += 1
+    except NotReplayable as e:
+        replay.recordings[structure] = None
+        replay.counts["refused"] += 1
+        log.info("LoRA slot writes of this adapter structure stay vLLM's: %s", e)
+    return result
+
+
+def install() -> None:
+    """Wrap vLLM's ``LoRAModelManager.activate_adapter`` (once per process; the vLLM plugin calls it)."""
+    from vllm.lora.model_manager import LoRAModelManager
+
+    original = LoRAModelManager.activate_adapter
+    if getattr(original, "_skyrl_glm", False):
+        return
+
+    def activate_adapter(self: Any, lora_id: int) -> bool:
+        return activate(original, self, lora_id)
+
+    activate_adapter._skyrl_glm = True  # type: ignore[attr-defined]
+    LoRAModelManager.activate_adapter = activate_adapter
