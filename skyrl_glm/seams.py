@@ -248,6 +248,46 @@ SEAMS: tuple[Seam, ...] = (
             ("w2_lora_b_stacked", "down lora_B"),
         )
     ),
+    # -- vLLM: the slot-write replay (skyrl_glm/sync/vllm/slot_replay.py) --------------------------------------
+    Seam(
+        "vllm.lora.model_manager:LoRAModelManager",
+        "activate_adapter",
+        "patched",
+        VLLM,
+        "skyrl_glm/sync/vllm/slot_replay.py",
+        "an adapter structure's first activation is recorded, later ones replay its slot writes in two batched "
+        "calls (vLLM's bookkeeping runs unchanged, its per-module set_lora/reset_lora skipped)",
+    ),
+    *(
+        Seam(
+            "vllm.lora.model_manager:LoRAModelManager",
+            name,
+            "assigned",
+            VLLM,
+            "skyrl_glm/sync/vllm/slot_replay.py",
+            why,
+        )
+        for name, why in (
+            ("_active_adapters", "an already active adapter is left to vLLM (it returns at once)"),
+            ("_registered_adapters", "the adapter being activated: its factors and their structure"),
+        )
+    ),
+    Seam(
+        "torch",
+        "_foreach_zero_",
+        "attribute",
+        TORCH,
+        "skyrl_glm/sync/vllm/slot_replay.py",
+        "the replay's zero fills of every LoRA slot in one launch",
+    ),
+    Seam(
+        "torch._ops:OpOverload",
+        "_schema",
+        "assigned",
+        TORCH,
+        "skyrl_glm/sync/vllm/slot_replay.py",
+        "the recorder refuses any in-place op other than copy_, fill_ and zero_ (the schema says which mutate)",
+    ),
     # -- added with the GPU sampler, the per-run ports and the sync group ----------------------------------
     Seam(
         "skyrl.backends.skyrl_train.patches.vllm.patch_glm5next_lora_packing",

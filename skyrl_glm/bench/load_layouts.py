@@ -57,7 +57,22 @@ DECODE_ROUNDS = 3  # timed rounds per batch size and request kind, after one unt
 
 
 class SlotReport(LoraSyncWorkerExtension):
-    """The sync's worker extension plus one read-only report for the bench: the LoRA slot bytes."""
+    """The sync's worker extension plus the bench's own calls: the LoRA slot bytes (read only), the slot-write
+    replay on or off, and its counts with a comparison against vLLM's own writes."""
+
+    def skyrl_glm_bench_slot_replay(self, on: bool) -> None:
+        """Activate adapters by replaying recorded slot writes (``on``) or with vLLM's own loop."""
+        from skyrl_glm.sync.vllm.slot_replay import state
+
+        state(self.model_runner.lora_manager._adapter_manager).enabled = on
+
+    def skyrl_glm_bench_replay_report(self, lora_id: int) -> dict[str, Any]:
+        """The replay's counts so far and whether the slots of active adapter ``lora_id`` equal what vLLM's own
+        loop writes for it (:func:`~skyrl_glm.sync.vllm.slot_replay.matches_vllm`: it rewrites them)."""
+        from skyrl_glm.sync.vllm.slot_replay import matches_vllm, state
+
+        manager = self.model_runner.lora_manager._adapter_manager
+        return {**state(manager).counts, "matches_vllm": matches_vllm(manager, lora_id)}
 
     def skyrl_glm_bench_lora_slots(self) -> dict[str, int]:
         """Bytes of every LoRA slot tensor vLLM allocated at start (each storage once), routed experts apart."""
@@ -157,41 +172,65 @@ def kv_cache_tokens(sampler: Any) -> int | None:
     return None if blocks is None else int(blocks) * int(cache.block_size)
 
 
+# How an update's adapter is written into vLLM's LoRA slots, alternated per update: the product's replay of
+# recorded writes (:mod:`skyrl_glm.sync.vllm.slot_replay`) and vLLM's own per-module loop.
+WRITES = ("replay", "vllm")
+
+
 def _updates(
     sampler: Any, adapters: dict[int, Any], rank: int, rounds: int, warmup: int, version: int
-) -> tuple[dict, int]:
-    """Per layer count: every timed update's stages (the first ``warmup`` dropped); ``version``: the last one used."""
+) -> tuple[dict[str, dict[int, list[dict[str, float]]]], list[dict[str, Any]], int]:
+    """Per slot-write path and layer count: every timed update's stages (each path's first ``warmup`` dropped); the
+    replay's report after each replayed update; ``version``: the last one used."""
     from skyrl_glm.bench.full_width import publish_to_first_request
     from skyrl_glm.lora.bridge import adapter_config
     from skyrl_glm.sync.publisher import InMemoryPublisher
 
     transport = open_transport(GPU_LOCAL)
     publisher = InMemoryPublisher(sampler, transport, shared_storage=True)
-    rows: dict[int, list[dict[str, float]]] = {}
+    rows: dict[str, dict[int, list[dict[str, float]]]] = {path: {} for path in WRITES}
+    checks: list[dict[str, Any]] = []
     try:
         for layers, (tensors, targets) in adapters.items():
             config = adapter_config(rank, 2 * rank, targets)
-            rows[layers] = []
             for i in range(warmup + rounds):
-                version += 1
-                result, published, to_first, repeat = publish_to_first_request(
-                    sampler, publisher, tensors, config, version
-                )
-                if i >= warmup:
-                    t = result.timings
-                    rows[layers].append(
-                        {
-                            "receive_s": t["receive_rpc_s"],
-                            "load_s": t["load_s"],
-                            "request_s": to_first - published,
-                            "repeat_s": repeat,
-                            "activation_s": to_first - published - repeat,
-                            "to_first_request_s": to_first,
-                        }
+                for path in WRITES:
+                    sampler.llm.collective_rpc("skyrl_glm_bench_slot_replay", args=(path == "replay",))
+                    version += 1
+                    result, published, to_first, repeat = publish_to_first_request(
+                        sampler, publisher, tensors, config, version
                     )
+                    if path == "replay":
+                        report = sampler.llm.collective_rpc(
+                            "skyrl_glm_bench_replay_report", args=(sampler.adapter.lora_int_id,)
+                        )[0]
+                        checks.append({"layers": layers, "version": version, **report})
+                    if i >= warmup:
+                        t = result.timings
+                        rows[path].setdefault(layers, []).append(
+                            {
+                                "receive_s": t["receive_rpc_s"],
+                                "load_s": t["load_s"],
+                                "request_s": to_first - published,
+                                "repeat_s": repeat,
+                                "activation_s": to_first - published - repeat,
+                                "to_first_request_s": to_first,
+                            }
+                        )
     finally:
         transport.release()
-    return rows, version
+    return rows, checks, version
+
+
+def _stages(rows: dict[int, list[dict[str, float]]]) -> dict[str, Any]:
+    """Per layer count the medians of each stage, their fits read at 75 layers, and the rows."""
+    medians = {k: {st: statistics.median(r[st] for r in rs) for st in STAGES} for k, rs in rows.items()}
+    xs = sorted(medians)
+    return {
+        "medians_s": {str(k): v for k, v in medians.items()},
+        "fit_75": {st: fit_line(xs, [medians[k][st] for k in xs], FULL_MOE_LAYERS) for st in STAGES},
+        "runs": {str(k): v for k, v in rows.items()},
+    }
 
 
 def _adapters(layers: list[int], rank: int, groups: int) -> dict[int, Any]:
@@ -285,7 +324,7 @@ def run_layout_bench(
                     continue
                 slots = sampler.llm.collective_rpc("skyrl_glm_bench_lora_slots")[0]
                 progress(f"{layout}: {warmup + rounds} updates at each of {len(adapters)} layer count(s) ...")
-                rows, version = _updates(sampler, adapters, rank, rounds, warmup, version)
+                by_path, replay_checks, version = _updates(sampler, adapters, rank, rounds, warmup, version)
                 progress(f"{layout}: updates timed")
                 if decode:
                     progress(f"{layout}: decode at batch {','.join(map(str, decode))}, adapter on and off ...")
@@ -295,16 +334,14 @@ def run_layout_bench(
                     progress(f"{layout}: decode measured")
             finally:
                 sampler.close()
-            medians = {k: {st: statistics.median(r[st] for r in rs) for st in STAGES} for k, rs in rows.items()}
-            xs = sorted(medians)
             results[layout].update(
                 {
                     "slots": slots,
                     "slot_bytes_per_adapter": (slots["routed_experts"] + slots["other"]) / slots["max_loras"],
                     "slot_bytes_per_adapter_at_75": slots_at_full_size(slots, engine_layers, engine_layers + 3),
-                    "medians_s": {str(k): v for k, v in medians.items()},
-                    "fit_75": {st: fit_line(xs, [medians[k][st] for k in xs], FULL_MOE_LAYERS) for st in STAGES},
-                    "runs": {str(k): v for k, v in rows.items()},
+                    **_stages(by_path["replay"]),
+                    "vllm_slot_writes": _stages(by_path["vllm"]),
+                    "replay_checks": replay_checks,
                 }
             )
             after_layout(report)
@@ -377,13 +414,24 @@ def print_layout_report(report: dict[str, Any]) -> None:
             continue
         if "medians_s" not in r:  # the no-adapter baseline
             continue
-        for k, med in r["medians_s"].items():
-            table.add_row(layout, k, *(f"{med[s] * 1e3:.1f} ms" for s in STAGES))
-        fit = r["fit_75"]
-        table.add_row(layout, "75 (fit)", *(f"{fit[s]['value'] * 1e3:.0f} ms" for s in STAGES))
-        worst = max(abs(e) for s in STAGES for e in fit[s]["residuals"])
-        table.add_row(layout, "residual", *(f"max {worst * 1e3:.2f} ms" if s == STAGES[0] else "" for s in STAGES))
+        for label, stages in ((layout, r), (f"{layout}, vLLM's writes", r.get("vllm_slot_writes"))):
+            if not stages:  # a report from before the replay
+                continue
+            for k, med in stages["medians_s"].items():
+                table.add_row(label, k, *(f"{med[s] * 1e3:.1f} ms" for s in STAGES))
+            fit = stages["fit_75"]
+            table.add_row(label, "75 (fit)", *(f"{fit[s]['value'] * 1e3:.0f} ms" for s in STAGES))
+            worst = max(abs(e) for s in STAGES for e in fit[s]["residuals"])
+            table.add_row(label, "residual", *(f"max {worst * 1e3:.2f} ms" if s == STAGES[0] else "" for s in STAGES))
     console.print(table)
+    for layout, r in report["layouts"].items():
+        if checks := r.get("replay_checks"):
+            last, equal = checks[-1], sum(c["matches_vllm"] for c in checks)
+            console.print(
+                f"{layout}: slot writes recorded {last['recorded']}, replayed {last['replayed']}, refused "
+                f"{last['refused']}; after each replayed update the slots equal vLLM's own writes in {equal} of "
+                f"{len(checks)}"
+            )
     mem = Table(title="LoRA slots per resident adapter (read from the engine)")
     for col in ("layout", "routed experts, engine", "other, engine", "per adapter, engine", "per adapter at 75"):
         mem.add_column(col, justify="right")

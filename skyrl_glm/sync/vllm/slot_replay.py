@@ -214,15 +214,15 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def slot_tensors(modules: Any) -> dict[int, Slot]:
+def slot_tensors(modules: Any, indices: int) -> dict[int, Slot]:
     """Every LoRA slot tensor of the manager's modules, by storage: tensors (or tuples of them) among each module's
-    attributes, and the grouped layouts' slot storage."""
+    attributes, and the grouped layouts' slot storage, with a first dimension of at least ``indices`` (the slots)."""
     slots: dict[int, Slot] = {}
     for module in modules.values():
         values = list(vars(module).values()) + list(getattr(module, _SLOT_STORAGE, {}).values())
         for value in values:
             for t in value if isinstance(value, list | tuple) else (value,):
-                if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.stride(0) > 0:
+                if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= indices and t.stride(0) > 0:
                     slots.setdefault(t.untyped_storage().data_ptr(), Slot(t, t.storage_offset(), t.stride(0)))
     return slots
 
@@ -280,7 +280,9 @@ def activate(original: Any, manager: Any, lora_id: int) -> bool:
     """vLLM's ``activate_adapter``, its per-module writes recorded on a structure's first activation and replayed
     on later ones."""
     replay = state(manager)
-    if not replay.enabled or lora_id in manager._active_adapters:
+    if lora_id in manager._active_adapters:  # vLLM returns at once
+        return original(manager, lora_id)
+    if not replay.enabled:
         replay.counts["vllm"] += 1
         return original(manager, lora_id)
     factors, structure = adapter_factors(manager._registered_adapters[lora_id])
@@ -295,7 +297,7 @@ def activate(original: Any, manager: Any, lora_id: int) -> bool:
         replay.counts["replayed"] += 1
         return result
     if replay.slots is None:
-        replay.slots = slot_tensors(manager.modules)
+        replay.slots = slot_tensors(manager.modules, len(manager.lora_index_to_id))
     index = next((i for i, held in enumerate(manager.lora_index_to_id) if held is None), 0)
     recorder = _Recorder(replay.slots, factors, index)
     with recorder:
@@ -317,11 +319,32 @@ def install() -> None:
     from vllm.lora.model_manager import LoRAModelManager
 
     original = LoRAModelManager.activate_adapter
-    if getattr(original, "_skyrl_glm", False):
+    if original.__module__ == __name__:
         return
 
     def activate_adapter(self: Any, lora_id: int) -> bool:
         return activate(original, self, lora_id)
 
-    activate_adapter._skyrl_glm = True  # type: ignore[attr-defined]
     LoRAModelManager.activate_adapter = activate_adapter
+
+
+def _blocks(slots: dict[int, Slot], index: int) -> list[torch.Tensor]:
+    return [s.base.as_strided((s.per_index,), (1,), s.offset + index * s.per_index).clone() for s in slots.values()]
+
+
+def matches_vllm(manager: Any, lora_id: int) -> bool:
+    """Whether the slots of active adapter ``lora_id`` hold exactly what vLLM's own loop writes for it: its slot
+    blocks are read, the adapter deactivated and activated again with the replay off (vLLM writes it, at the first
+    free index), and the two read back compared bit for bit. For benchmarks and tests: the adapter is rewritten."""
+    replay = state(manager)
+    if replay.slots is None:
+        replay.slots = slot_tensors(manager.modules, len(manager.lora_index_to_id))
+    before = _blocks(replay.slots, manager.lora_index_to_id.index(lora_id))
+    manager.deactivate_adapter(lora_id)
+    enabled, replay.enabled = replay.enabled, False
+    try:
+        manager.activate_adapter(lora_id)
+    finally:
+        replay.enabled = enabled
+    after = _blocks(replay.slots, manager.lora_index_to_id.index(lora_id))
+    return all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

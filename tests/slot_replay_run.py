@@ -1,0 +1,91 @@
+"""Run by ``tests/test_slot_replay.py`` in a process of its own: the five-step check on the tiny GLM-4.5 with vLLM's
+CPU build, its engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the slot-write replay can be broken
+here. Prints one JSON line: three checks on one engine, each followed by the replay's counts and the comparison of the
+serving adapter's slots with vLLM's own writes: the first (its adapter structures recorded), a second like it (both
+replayed), a third whose replay drops the factor copies from its step 4 on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
+def _manager(worker):
+    return worker.model_runner.lora_manager._adapter_manager
+
+
+def _report(worker):
+    from skyrl_glm.sync.vllm.slot_replay import matches_vllm, state
+
+    manager = _manager(worker)
+    serving = max(i for i in manager.lora_index_to_id if i is not None)
+    return {**state(manager).counts, "matches_vllm": matches_vllm(manager, serving)}
+
+
+def main() -> None:
+    from skyrl_glm.check.algorithm import run_check
+    from skyrl_glm.check.probes import make_probes
+    from skyrl_glm.check.runner import CheckOptions, build, prepare, tiny_model_dir
+    from skyrl_glm.sync.vllm import slot_replay
+
+    options = CheckOptions(model="glm-4.5", transport="cpu", rank=8, alpha=16, device="cpu")
+    plan = prepare(options)
+    with tempfile.TemporaryDirectory(prefix="skyrl-glm-slot-replay-") as tmp:
+        options.workdir = tmp
+        model_dir, _ = tiny_model_dir(plan.family, Path(tmp))
+        probes = make_probes(plan.vocab_size, seed=options.config.seed)
+        trainer, sampler, publisher, cleanup = build(options, plan, model_dir, probes)
+        try:
+            first = run_check(trainer, sampler, publisher, probes, options.config)
+            (after_first,) = sampler.llm.collective_rpc(_report)
+
+            def copies_dropped(self, index, factors):  # the deliberately broken replay: constants only
+                zeros, consts, values, _ = self.places(index)
+                if zeros:
+                    slot_replay.torch._foreach_zero_(zeros)
+                if consts:
+                    slot_replay.torch._foreach_copy_(consts, values)
+
+            def break_after_step_1(step):
+                if step.step == 1:
+                    slot_replay.Recording.replay = copies_dropped
+
+            def fresh_trainer():  # each check starts from B == 0: a trainer like the first
+                return plan.trainer_factory(
+                    model_dir, family=plan.family, targets=plan.targets, rank=options.rank, alpha=options.alpha,
+                    device=options.device, seed=options.config.seed,
+                )  # fmt: skip
+
+            again = dataclasses.replace(options.config, first_version=3)
+            replayed = run_check(fresh_trainer(), sampler, publisher, probes, again)
+            (after_replayed,) = sampler.llm.collective_rpc(_report)
+            last = dataclasses.replace(options.config, first_version=5)
+            broken = run_check(fresh_trainer(), sampler, publisher, probes, last, on_step=break_after_step_1)
+            (after_broken,) = sampler.llm.collective_rpc(_report)
+        finally:
+            for step in cleanup:
+                step()
+    failure = broken.first_failure
+    json.dump(
+        {
+            "first_passed": first.passed,
+            "after_first": after_first,
+            "replayed_passed": replayed.passed,
+            "after_replayed": after_replayed,
+            "broken_passed": broken.passed,
+            "broken_failed_at": None if failure is None else failure.step,
+            "after_broken": after_broken,
+        },
+        sys.stdout,
+    )
+    print()
+
+
+if __name__ == "__main__":
+    main()

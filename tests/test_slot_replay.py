@@ -1,0 +1,91 @@
+"""The slot-write replay (:mod:`skyrl_glm.sync.vllm.slot_replay`): vLLM's own activation recorded once per adapter
+structure, replayed after; on a real engine it leaves vLLM's exact slot contents, the check passes through it, and a
+replay broken on purpose is caught by the check and by the comparison with vLLM's writes.
+
+The first tests drive the recorder on bare tensors standing in for one LoRA module's slots (what vLLM's
+``set_lora`` does to them is a few tensor ops, written out here); the last runs vLLM's CPU build."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from skyrl_glm.sync.vllm.slot_replay import NotReplayable, Recording, _Recorder, slot_tensors
+
+
+def _record(index: int, factors: list[torch.Tensor], writes, slots: torch.Tensor, **more: torch.Tensor) -> Recording:
+    recorder = _Recorder(slot_tensors({"m": SimpleNamespace(lora_a_stacked=(slots,), **more)}, 2), factors, index)
+    with recorder:
+        writes()
+    return recorder.recording()
+
+
+def test_a_recorded_activation_replays_at_any_index_on_new_factors():
+    slots, enabled = torch.full((3, 2, 6), 7.0), torch.zeros(4, dtype=torch.int)
+    a = torch.randn(2, 4)
+
+    def set_lora():  # vLLM's shape of it: reset the index, mark it off, copy the factor into its corner, mark it on
+        slots[1] = 0
+        enabled[1] = 0
+        slots[1, :, :4].copy_(a, non_blocking=True)
+        enabled[1] = 1
+
+    recording = _record(1, [a], set_lora, slots, adapter_enabled=enabled)
+    assert (len(recording.zeros), len(recording.constants), len(recording.copies)) == (1, 1, 1)  # "off" superseded
+    assert torch.equal(slots[1, :, :4], a)
+    b = torch.randn(2, 4)
+    recording.replay(2, [b])
+    expected = torch.zeros(2, 6)
+    expected[:, :4] = b
+    assert torch.equal(slots[2], expected) and enabled.tolist() == [0, 1, 1, 0]
+    assert torch.equal(slots[0], torch.full((2, 6), 7.0))  # other indices untouched
+
+
+def test_a_transposed_view_of_a_factor_is_replayed_as_that_view():
+    slots = torch.zeros(2, 4, 2)
+    a = torch.randn(2, 4)
+    recording = _record(0, [a], lambda: slots[0].copy_(a.T), slots)
+    b = torch.randn(2, 4)
+    recording.replay(1, [b])
+    assert torch.equal(slots[1], b.T)
+
+
+@pytest.mark.parametrize(
+    ("writes", "why"),
+    [
+        (lambda s, a, o: s[0, :, :4].copy_(a * 2), "neither a view of a factor nor a constant"),
+        (lambda s, a, o: o.copy_(a), "outside the LoRA slots"),
+        (lambda s, a, o: s[1, :, :4].copy_(a), "outside the activated index's block"),
+        (lambda s, a, o: (s[0, :, :4].copy_(a), s[0, 0, :4].copy_(a[1])), "overlapping writes"),
+        (lambda s, a, o: (s[0, :, :4].copy_(a), s[0].fill_(0)), "overlapping writes"),
+        (lambda s, a, o: s[0].add_(1), "writes in place"),
+    ],
+)
+def test_writes_a_batched_replay_could_not_repeat_are_refused(writes, why):
+    slots, a, other = torch.zeros(2, 2, 6), torch.randn(2, 4), torch.zeros(2, 4)
+    with pytest.raises(NotReplayable, match=why):
+        _record(0, [a], lambda: writes(slots, a, other), slots)
+
+
+def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broken_one():
+    """Three five-step checks on one tiny GLM-4.5 engine (vLLM's CPU build, in a process of its own so its replay
+    can be broken there): the first records its two adapter structures (B == 0, then B perturbed), the second
+    replays both and passes, the third replays without the factor copies from its step 4 on: the check fails at
+    step 5, and the serving slots differ from what vLLM's own loop writes."""
+    run = Path(__file__).with_name("slot_replay_run.py")
+    done = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["first_passed"] and out["after_first"]["matches_vllm"]
+    assert (out["after_first"]["recorded"], out["after_first"]["replayed"]) == (2, 0)
+    assert out["replayed_passed"] and out["after_replayed"]["matches_vllm"]
+    assert (out["after_replayed"]["recorded"], out["after_replayed"]["replayed"]) == (2, 2)
+    assert out["after_replayed"]["refused"] == 0
+    assert not out["broken_passed"] and out["broken_failed_at"] == 5
+    assert out["after_broken"]["replayed"] == 4 and not out["after_broken"]["matches_vllm"]
