@@ -329,7 +329,7 @@ def install() -> None:
 
 
 def _blocks(slots: dict[int, Slot], index: int) -> list[torch.Tensor]:
-    return [s.base.as_strided((s.per_index,), (1,), s.offset + index * s.per_index).clone() for s in slots.values()]
+    return [s.base.as_strided((s.per_index,), (1,), s.offset + index * s.per_index) for s in slots.values()]
 
 
 def matches_vllm(manager: Any, lora_id: int) -> bool:
@@ -339,7 +339,7 @@ def matches_vllm(manager: Any, lora_id: int) -> bool:
     replay = state(manager)
     if replay.slots is None:
         replay.slots = slot_tensors(manager.modules, len(manager.lora_index_to_id))
-    before = _blocks(replay.slots, manager.lora_index_to_id.index(lora_id))
+    before = [b.clone() for b in _blocks(replay.slots, manager.lora_index_to_id.index(lora_id))]
     manager.deactivate_adapter(lora_id)
     enabled, replay.enabled = replay.enabled, False
     try:
