@@ -82,6 +82,10 @@ class BridgeModel:
                     if ".adapter." in name:
                         p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * 0.02)
 
+    def lora_params(self) -> list[torch.Tensor]:
+        """The model's LoRA parameters (``adapter.linear_in``: A, ``adapter.linear_out``: B)."""
+        return [p for chunk in self.model for n, p in chunk.named_parameters() if "adapter.linear_" in n]
+
     def export(self) -> Iterator[tuple[str, torch.Tensor]]:
         """One sync's export, as SkyRL's memory path takes it (on the device, names without the PEFT prefix)."""
         return iter(self.bridge.export_adapter_weights(self.model, cpu=False, show_progress=False))

@@ -30,6 +30,7 @@ def summarise(path: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "verified": last["verified"],
         "bit_exact": all(r["verified"]["bit_exact"] for r in runs),
         "manifest_bytes": last.get("manifest_bytes"),
+        "export_memo": last.get("export_memo"),  # ours: syncs recalled from the live adapter, learned, refused
         "sender_peak_gpu_bytes": _most([r.get("sender_peak_gpu_bytes") for r in runs]),
         "receiver_peak_gpu_bytes": _most([r.get("receiver_peak_gpu_bytes") for r in runs]),
         "runs": runs,

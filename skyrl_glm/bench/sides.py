@@ -16,6 +16,7 @@ from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, fold_value, is_lo
 from skyrl_glm.bench.verify import verify_rebuilt
 from skyrl_glm.lora.bridge import PEFT_PREFIX, VIEW_PER_EXPERT, adapter_config
 from skyrl_glm.sync.dedup import DedupMemo
+from skyrl_glm.sync.export_memo import ExportMemo
 from skyrl_glm.sync.plan import PlanCache, synchronize
 
 TIMED_PAIRS = 16  # exporter pairs timed at once
@@ -87,8 +88,13 @@ class Sender:
         self.config = adapter_config(opts.rank, opts.alpha, syn.targets)
         self.plan: Any = None
         self.memo = DedupMemo()  # ours, across the rounds: a sync of the same export is a sync like the last
+        self.export_memo = ExportMemo()  # ours, across the rounds: the export read from the live adapter after one
         self.split_per_expert = {n for n in syn.names if VIEW_PER_EXPERT.search(n)}
         self.plan_cache = PlanCache()  # ours, across the rounds: the plan's layout of an unchanged structure
+
+    def params(self) -> list[torch.Tensor]:
+        """The live adapter's tensors (the model's LoRA parameters): what the export hands out views of."""
+        return self.bridge.lora_params() if self.bridge is not None else list(self.live.values())
 
     def export(self) -> TimedStream:
         """The bridge's stream of this sync: names without the PEFT prefix, in export order, on the device."""
@@ -169,6 +175,8 @@ class Sender:
                 num_moe_experts=self.syn.n_experts,
                 shared_storage=shared,
                 memo=self.memo,
+                export_memo=self.export_memo,
+                params=self.params(),
             )
             synchronize(self.device)
             split = _export_split(export, time.perf_counter() - t0)
@@ -205,6 +213,8 @@ class Sender:
             "buckets": len(plan.manifest.buckets()),
             "sender_peak_gpu_bytes": _peak_since(self.device, base),
         }
+        if path == "ours" and self.public is None:
+            info["export_memo"] = dict(self.export_memo.counts)
         manifest_json = plan.manifest.to_json()
         info["manifest_bytes"] = len(manifest_json)
         return manifest_json, json.dumps(handle), {"timings": timings, **info}

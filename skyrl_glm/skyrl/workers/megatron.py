@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from skyrl_glm.lora.bridge import PEFT_PREFIX
 from skyrl_glm.skyrl.compat import bridge_compat
 from skyrl_glm.skyrl.workers.worker_sync import GlmSyncMixin
 from skyrl_glm.sync.dedup import PART, Dedup, DedupMemo, Part, StreamReader, deduplicate
+from skyrl_glm.sync.export_memo import ExportMemo
 from skyrl_glm.sync.nogc import paused_gc
 
 # Before SkyRL's Megatron worker is imported: in a Ray actor, unpickling the worker class imports this module (its
@@ -123,18 +124,29 @@ def unique_adapter(
     shared_storage: bool = False,
     slice_bytes: int = EXPORT_SLICE_BYTES,
     memo: DedupMemo | None = None,
+    export_memo: ExportMemo | None = None,
+    params: Sequence[torch.Tensor] = (),
 ) -> Dedup:
     """Rank 0's half of one Megatron sync: the export deduplicated as it streams, then SkyRL's rank-scale fold
     on the unique tensors (a fold of a shared tensor once, however many expert names show it). ``shared_storage``:
     the bridge's LoRA shares one adapter across a layer's experts (``share_expert_adapters``), so the export shows
     one storage under every expert name, as SkyRL's ``experts_per_shared_adapter`` hint assumes (exact either way:
     a wrong declaration only sends a duplicate). ``memo``: the worker's, kept across syncs (with ``shared_storage``, a
-    sync like the last costs work per unique tensor and a C-speed check per name: ``dedup.DedupMemo``)."""
-    bound = None if shared_storage else slice_bytes  # declared sharing sends every storage: no bytes to count
-    stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=bound)
-    with paused_gc():  # the stream's pairs are short-lived: a collection would only walk what the slices hold
-        dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes, memo=memo)
-    todo = {n: t for n, t in dedup.unique.items() if n not in stream.prefolded}
+    sync like the last costs work per unique tensor and a C-speed check per name: ``dedup.DedupMemo``).
+    ``export_memo`` with ``params`` (the model's LoRA parameters): a sync it recalls reads the unique tensors from
+    the parameters and never iterates ``export`` (so make it lazily); a full one teaches it
+    (:mod:`skyrl_glm.sync.export_memo`)."""
+    dedup = export_memo.recall() if export_memo is not None else None
+    prefolded: set[str] = set()
+    if dedup is None:
+        bound = None if shared_storage else slice_bytes  # declared sharing sends every storage: no bytes to count
+        stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=bound)
+        with paused_gc():  # the stream's pairs are short-lived: a collection would only walk what the slices hold
+            dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes, memo=memo)
+        prefolded = stream.prefolded
+        if export_memo is not None:  # a tensor the stream converted is a view of no parameter: nothing to learn
+            export_memo.learn(dedup, () if prefolded else params)
+    todo = {n: t for n, t in dedup.unique.items() if n not in prefolded}
     folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
     dedup.unique.update(folded)
     return dedup.prefixed(PEFT_PREFIX)
@@ -175,19 +187,28 @@ class MegatronGlmSync(GlmSyncMixin):
             torch.cuda.reset_peak_memory_stats(device)
         base = _peak_bytes(device)
         t0 = time.perf_counter()
-        export = self.bridge.export_adapter_weights(self.actor_module, cpu=False, show_progress=False)
+
+        def export() -> Iterator[tuple[str, torch.Tensor]]:  # the collective runs when (if) the stream is read
+            yield from self.bridge.export_adapter_weights(self.actor_module, cpu=False, show_progress=False)
+
         dedup = None
         if rank == 0:
             self._glm_memo = getattr(self, "_glm_memo", None) or DedupMemo()
+            # The export memo skips the export, a collective: only where this rank is the only one.
+            single = torch.distributed.get_world_size() == 1
+            if single and getattr(self, "_glm_export_memo", None) is None:
+                self._glm_export_memo = ExportMemo()
             dedup = unique_adapter(
-                export,
+                export(),
                 config_rank=self.lora_cls.dim,
                 num_moe_experts=getattr(self.provider, "num_moe_experts", None),
                 shared_storage=bool(getattr(self.lora_cls, "share_expert_adapters", False)),
                 memo=self._glm_memo,
+                export_memo=self._glm_export_memo if single else None,
+                params=list(self._glm_lora_params()) if single else (),
             )
         else:
-            for _ in export:  # the collective: every rank takes part, only rank 0 keeps anything
+            for _ in export():  # the collective: every rank takes part, only rank 0 keeps anything
                 pass
         seconds = time.perf_counter() - t0
         peak = _peak_bytes(device)
@@ -196,6 +217,8 @@ class MegatronGlmSync(GlmSyncMixin):
         if dedup is None:
             return None
         self._glm_export_info = {"export_dedup_s": seconds, "export_peak_bytes_per_rank": peaks}
+        if (export_memo := getattr(self, "_glm_export_memo", None)) is not None:
+            self._glm_export_info["export_memo"] = dict(export_memo.counts)
         return dedup, self._glm_adapter_config(dedup.unique)
 
     def _glm_adapter_config(self, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -209,9 +232,12 @@ class MegatronGlmSync(GlmSyncMixin):
             self.lora_cls, target_modules=targets, base_model_name_or_path=str(self.cfg.policy.model.path)
         )
 
-    def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
+    def _glm_lora_params(self, which: str = "adapter.linear_") -> Iterator[torch.Tensor]:
         # Megatron-Bridge LoRA: ``adapter.linear_in`` is A, ``adapter.linear_out`` is B.
-        return (p for chunk in self.actor_module for n, p in chunk.named_parameters() if "adapter.linear_out" in n)
+        return (p for chunk in self.actor_module for n, p in chunk.named_parameters() if which in n)
+
+    def _glm_lora_b_params(self) -> Iterator[torch.Tensor]:
+        return self._glm_lora_params("adapter.linear_out")
 
 
 def megatron_workers() -> tuple[Any, Any, Any]:

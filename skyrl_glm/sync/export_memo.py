@@ -1,0 +1,128 @@
+"""A sync like the last without the trainer's export: its unique tensors read straight from the LoRA parameters.
+
+Megatron-Bridge's ``export_adapter_weights`` walks every adapter module and hands out one name per public tensor
+(116,292 for full GLM-5.3; its export alone took 24-29 ms per full-width MoE layer on one H200, about 2 s a sync
+at 75 layers if it grows linearly), and the deduplication then reads every name again. Yet from one sync to the
+next only values change, and where every unique tensor the export handed out is a view of a LoRA parameter (at
+tensor, pipeline and expert parallelism 1, with ``share_expert_adapters``), the next sync's tensors are those same
+views of the parameters as they are then.
+
+:meth:`ExportMemo.learn` takes one full export's deduplication (before any fold) and the model's LoRA parameters,
+and records per unique tensor which parameter it views and where (offset from the parameter's own first element,
+shape, strides). :meth:`ExportMemo.recall` then gives the next sync's deduplication with no export: the same names
+and alias rules, each tensor that view of its parameter now (read where the parameter is now: an offload and reload
+that moves a parameter's memory moves the read with it). Work per unique tensor, none per name.
+
+It learns nothing when any unique tensor is not a view of one parameter (a gathered copy, a stacked tensor): such
+an export keeps running whole. And it trusts no memory for long: every ``verify_every``-th sync recalls nothing, so
+the export runs whole, and :meth:`learn` compares that export with what the memo would have given (the same names,
+rules and bit-equal tensors); any difference drops the memo (logged) before it learns again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from skyrl_glm.sync.dedup import Dedup
+
+log = logging.getLogger(__name__)
+
+VERIFY_EVERY = 16  # syncs per full export (the memo's own check) once it has learned
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a unique tensor lies: ``param``'s position, the view's offset from the parameter's first element."""
+
+    param: int
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def _sources(unique: dict[str, torch.Tensor], params: Sequence[torch.Tensor]) -> list[_Source] | None:
+    """Each unique tensor as a view of one parameter, or None if any is not (a copy, or it spans several)."""
+    by_storage: dict[int, list[tuple[int, int, int]]] = {}  # storage -> (first, end, param), sorted
+    for i, p in enumerate(params):
+        by_storage.setdefault(p.untyped_storage().data_ptr(), []).append(
+            (p.storage_offset(), p.storage_offset() + p.numel(), i)
+        )
+    for spans in by_storage.values():
+        spans.sort()
+    out = []
+    for t in unique.values():
+        spans = by_storage.get(t.untyped_storage().data_ptr())
+        if not spans or t.numel() == 0:
+            return None
+        first = t.storage_offset()
+        last = first + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+        k = bisect.bisect_right(spans, (first, float("inf"), 0)) - 1
+        if k < 0 or not (first < spans[k][1] and last < spans[k][1]) or params[spans[k][2]].dtype != t.dtype:
+            return None
+        start, _, owner = spans[k]
+        out.append(_Source(owner, first - start, tuple(t.shape), tuple(t.stride())))
+    return out
+
+
+class ExportMemo:
+    """One run's memo of its export (held by the sender across syncs); see the module's doc."""
+
+    def __init__(self, verify_every: int = VERIFY_EVERY) -> None:
+        self.verify_every = verify_every
+        self.last: Dedup | None = None  # the learned deduplication, with no tensors
+        self.sources: list[_Source] = []
+        self.params: Sequence[torch.Tensor] = ()
+        self.recalls = 0  # syncs served since the last full export
+        self.counts = {"learned": 0, "recalled": 0, "refused": 0, "dropped": 0}
+
+    def recall(self) -> Dedup | None:
+        """This sync's deduplication from the parameters, or None: nothing learned, or a full export is due."""
+        if self.last is None or self.recalls + 1 >= self.verify_every:
+            return None
+        self.recalls += 1
+        self.counts["recalled"] += 1
+        return self._rebuilt()
+
+    def _rebuilt(self) -> Dedup:
+        assert self.last is not None
+        tensors = [
+            p.as_strided(s.shape, s.strides, p.storage_offset() + s.offset)
+            for s in self.sources
+            for p in (self.params[s.param],)
+        ]
+        return dataclasses.replace(self.last, unique=dict(zip(self.last.unique, tensors, strict=True)))
+
+    def learn(self, dedup: Dedup, params: Sequence[torch.Tensor]) -> bool:
+        """Remember a full export's deduplication (``dedup``, before any fold) as views of ``params``; first, if
+        one was learned, check it would have recalled this export exactly (else it is dropped). Returns whether
+        the next sync can be recalled."""
+        if self.last is not None and not self._agrees(dedup):
+            self.counts["dropped"] += 1
+            log.warning("export memo dropped: a full export differs from what the memo recalls; learning again")
+        sources = _sources(dedup.unique, params)
+        self.recalls = 0
+        if sources is None:
+            self.last, self.sources, self.params = None, [], ()
+            self.counts["refused"] += 1
+            return False
+        self.last = dataclasses.replace(dedup, unique=dict.fromkeys(dedup.unique))  # type: ignore[arg-type]
+        self.sources, self.params = sources, list(params)
+        self.counts["learned"] += 1
+        return True
+
+    def _agrees(self, dedup: Dedup) -> bool:
+        assert self.last is not None
+        same = dataclasses.replace(dedup, unique={}) == dataclasses.replace(self.last, unique={})
+        if not same or list(dedup.unique) != list(self.last.unique):
+            return False
+        recalled = self._rebuilt().unique.values()
+        return all(
+            a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+            for a, b in zip(dedup.unique.values(), recalled, strict=True)
+        )

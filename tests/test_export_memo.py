@@ -1,0 +1,106 @@
+"""The export memo (:mod:`skyrl_glm.sync.export_memo`) on the Megatron sync's rank-0 path
+(:func:`~skyrl_glm.skyrl.workers.megatron.unique_adapter`): after one full export it reads the unique tensors from
+the LoRA parameters with no export, follows their values and their memory, checks itself on every full export,
+and learns nothing from an export that hands out copies.
+
+The export is a stand-in for Megatron-Bridge's (which needs Transformer Engine and a GPU): per expert name a view of
+the layer's one shared parameter, as Bridge hands out with ``share_expert_adapters``."""
+
+from __future__ import annotations
+
+import torch
+
+from skyrl_glm.skyrl.workers.megatron import unique_adapter
+from skyrl_glm.sync.export_memo import ExportMemo
+
+EXPERTS = 4
+
+
+def _params(seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 6, generator=g), torch.randn(5, 2, generator=g), torch.randn(2, 5, generator=g)]
+
+
+def _export(params: list[torch.Tensor], copies: bool = False):
+    """Dense ``o_proj`` A and B, and every expert's ``down_proj`` A: one parameter, a view per name."""
+    a, b, down = params
+    yield "model.layers.0.self_attn.o_proj.lora_A.weight", a.clone() if copies else a
+    yield "model.layers.0.self_attn.o_proj.lora_B.weight", b
+    for e in range(EXPERTS):
+        yield f"model.layers.1.mlp.experts.{e}.down_proj.lora_A.weight", down.view(down.shape)
+
+
+def _sync(params, memo, copies: bool = False, exported: list | None = None):
+    def export():
+        if exported is not None:
+            exported.append(True)
+        yield from _export(params, copies)
+
+    return unique_adapter(
+        export(), config_rank=2, num_moe_experts=EXPERTS, shared_storage=True, export_memo=memo, params=params
+    )
+
+
+def _same(a, b) -> bool:
+    return (a.names, a.runs, a.explicit) == (b.names, b.runs, b.explicit) and all(
+        torch.equal(x, y) for x, y in zip(a.unique.values(), b.unique.values(), strict=True)
+    )
+
+
+def test_a_learned_export_is_recalled_from_the_parameters_with_their_new_values():
+    params, memo = _params(), ExportMemo(verify_every=4)
+    first = _sync(params, memo)
+    assert memo.counts["learned"] == 1 and len(first.unique) == 3
+    with torch.no_grad():
+        for p in params:
+            p.mul_(3.0).add_(1.0)  # a training step
+    exported: list = []
+    recalled = _sync(params, memo, exported=exported)
+    assert exported == [] and memo.counts["recalled"] == 1  # the export never ran
+    assert _same(recalled, _sync(params, None))  # what a full export gives now, names, rules and values
+
+
+def test_a_parameter_whose_memory_moved_is_read_where_it_is_now():
+    """An offload and reload hands a parameter new memory (``param.data`` replaced): the memo follows it."""
+    params, memo = [torch.nn.Parameter(p, requires_grad=False) for p in _params()], ExportMemo()
+    _sync(params, memo)
+    for p in params:
+        p.data = p.data.clone() + 1.0
+    recalled = _sync(params, memo)
+    assert memo.counts["recalled"] == 1
+    assert _same(recalled, _sync(params, None))
+    assert {t.untyped_storage().data_ptr() for t in recalled.unique.values()} <= {
+        p.untyped_storage().data_ptr() for p in params
+    }
+
+
+def test_an_export_of_copies_teaches_nothing_and_keeps_running_whole():
+    params, memo = _params(), ExportMemo()
+    _sync(params, memo, copies=True)
+    assert memo.counts["refused"] == 1
+    exported: list = []
+    _sync(params, memo, copies=True, exported=exported)
+    assert exported == [True] and memo.counts["recalled"] == 0
+
+
+def test_every_nth_sync_exports_whole_and_a_difference_drops_the_memo():
+    params, memo = _params(), ExportMemo(verify_every=3)
+    _sync(params, memo)
+    runs: list = []
+    for _ in range(3):
+        _sync(params, memo, exported=runs)
+    assert runs == [True] and memo.counts == {"learned": 2, "recalled": 2, "refused": 0, "dropped": 0}
+    # the exporter now hands out the dense A as a copy of other values: the memo would recall stale ones
+    a, b, down = params
+
+    def changed():
+        yield "model.layers.0.self_attn.o_proj.lora_A.weight", a + 1.0
+        yield "model.layers.0.self_attn.o_proj.lora_B.weight", b
+        for e in range(EXPERTS):
+            yield f"model.layers.1.mlp.experts.{e}.down_proj.lora_A.weight", down.view(down.shape)
+
+    memo.recalls = memo.verify_every  # a full export is due
+    unique_adapter(changed(), config_rank=2, num_moe_experts=EXPERTS, shared_storage=True, export_memo=memo,
+                   params=params)  # fmt: skip
+    assert memo.counts["dropped"] == 1 and memo.counts["refused"] == 1  # and a copy teaches nothing
+    assert memo.recall() is None
