@@ -248,6 +248,24 @@ SEAMS: tuple[Seam, ...] = (
             ("w2_lora_b_stacked", "down lora_B"),
         )
     ),
+    # -- vLLM and SkyRL: the load memo (skyrl_glm/sync/vllm/load_memo.py) --------------------------------------
+    Seam(
+        "vllm.lora.worker_manager:WorkerLoRAManager",
+        "_load_adapter",
+        "patched",
+        VLLM,
+        "skyrl_glm/sync/vllm/load_memo.py",
+        "wrapped after SkyRL's in-memory loader: a version of a structure loaded before gets a clone of its LoRAModel "
+        "with its own staged tensors, no per-name validation and parsing",
+    ),
+    Seam(
+        "skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory",
+        "_STAGED",
+        "attribute",
+        SKYRL,
+        "skyrl_glm/sync/vllm/load_memo.py",
+        "the staged tensors and config of the adapter being loaded (the loader's own table; SkyRL has no getter)",
+    ),
     # -- vLLM: the slot-write replay (skyrl_glm/sync/vllm/slot_replay.py) --------------------------------------
     Seam(
         "vllm.lora.model_manager:LoRAModelManager",

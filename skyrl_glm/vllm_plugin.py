@@ -1,7 +1,8 @@
 """vLLM general plugin (entry point ``vllm.general_plugins``): runs in every vLLM process.
 
 * Installs SkyRL's in-memory LoRA loader (``skyrl-memory://<name>`` adapters built from staged tensors), and keeps
-  vLLM's LoRA name parses per name across loads (:mod:`skyrl_glm.sync.vllm.lora_names`).
+  vLLM's LoRA name parses per name across loads (:mod:`skyrl_glm.sync.vllm.lora_names`); a version of a structure
+  loaded before is cloned from its ``LoRAModel`` (:mod:`skyrl_glm.sync.vllm.load_memo`).
 * Installs the shared-all and grouped expert layouts' slots (:mod:`skyrl_glm.sync.vllm.shared_factors`), on only
   in an engine that asks for it.
 * Activates an adapter by replaying vLLM's own slot writes, recorded on the first activation of each adapter
@@ -42,9 +43,10 @@ def register() -> None:
     from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import apply_lora_in_memory_patch
     from vllm.platforms import current_platform
 
-    from skyrl_glm.sync.vllm import lora_names, route_guard, shared_factors, slot_replay
+    from skyrl_glm.sync.vllm import load_memo, lora_names, route_guard, shared_factors, slot_replay
 
     apply_lora_in_memory_patch()
+    load_memo.install()
     lora_names.install()
     route_guard.install()
     shared_factors.install()

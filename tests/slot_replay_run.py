@@ -1,8 +1,8 @@
 """Run by ``tests/test_slot_replay.py`` in a process of its own: the five-step check on the tiny GLM-4.5 with vLLM's
 CPU build, its engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the slot-write replay can be broken
-here. Prints one JSON line: three checks on one engine, each followed by the replay's counts and the comparison of the
-serving adapter's slots with vLLM's own writes: the first (its adapter structures recorded), a second like it (both
-replayed), a third whose replay drops the factor copies from its step 4 on."""
+here. Prints one JSON line: three checks on one engine, each followed by the replay's counts (and the loads cloned)
+and the comparison of the serving adapter's slots with vLLM's own writes: the first (its adapter structures
+recorded), a second like it (both replayed), a third whose replay drops the factor copies from its step 4 on."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ def _manager(worker):
 
 
 def _report(worker):
+    from skyrl_glm.sync.vllm import load_memo
     from skyrl_glm.sync.vllm.slot_replay import matches_vllm, state
 
     manager = _manager(worker)
     serving = max(i for i in manager.lora_index_to_id if i is not None)
-    return {**state(manager).counts, "matches_vllm": matches_vllm(manager, serving)}
+    loads = load_memo.state(worker.model_runner.lora_manager).counts
+    return {**state(manager).counts, **loads, "matches_vllm": matches_vllm(manager, serving)}
 
 
 def main() -> None:

@@ -76,8 +76,9 @@ def test_writes_a_batched_replay_could_not_repeat_are_refused(writes, why):
 def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broken_one():
     """Three five-step checks on one tiny GLM-4.5 engine (vLLM's CPU build, in a process of its own so its replay
     can be broken there): the first records its two adapter structures (B == 0, then B perturbed), the second
-    replays both and passes, the third replays without the factor copies from its step 4 on: the check fails at
-    step 5, and the serving slots differ from what vLLM's own loop writes."""
+    replays both (their models cloned from the first check's: load_memo) and passes, the third replays without the
+    factor copies from its step 4 on: the check fails at step 5, and the serving slots differ from what vLLM's own
+    loop writes."""
     run = Path(__file__).with_name("slot_replay_run.py")
     done = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -87,5 +88,7 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
     assert out["replayed_passed"] and out["after_replayed"]["matches_vllm"]
     assert (out["after_replayed"]["recorded"], out["after_replayed"]["replayed"]) == (2, 2)
     assert out["after_replayed"]["refused"] == 0
+    loads = {k: out["after_replayed"][k] for k in ("loaded", "cloned")}
+    assert loads == {"loaded": 2, "cloned": 2}  # the second check's versions' LoRAModels cloned from the first's
     assert not out["broken_passed"] and out["broken_failed_at"] == 5
     assert out["after_broken"]["replayed"] == 4 and not out["after_broken"]["matches_vllm"]

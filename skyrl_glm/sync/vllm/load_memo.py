@@ -1,0 +1,136 @@
+"""Loading an adapter version like the last without the loader's per-name work: its ``LoRAModel`` cloned.
+
+SkyRL's in-memory loader builds each version's ``LoRAModel`` as a directory load would: the config validated, every
+name checked against the model's modules and parsed, a ``LoRALayerWeights`` made per module. The versions of one run
+have one structure (the same names, shapes, strides, dtypes and aliasing, the same config), so the first load of a
+structure runs that loader and, if every factor of the ``LoRAModel`` it returns is one of the staged tensors itself
+(nothing copied or converted: the staged tensors are on the device in the LoRA dtype), records which one. A later
+version of that structure gets a ``LoRAModel`` like it whose factors are its own staged tensors in those places; vLLM
+then adds and activates it as ever (its packing of fused modules runs on the clone as on a fresh build). A structure
+whose model holds anything else (a converted factor, a full module to save) keeps the loader for the engine's life.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_STATE = "_skyrl_glm_load_memo"  # on a WorkerLoRAManager: its LoadMemo
+Where = str | list[str | None] | None  # a factor's staged name, or per entry of a packed factor
+
+
+def structure(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a clone depends on: the config, and per staged name its tensor's shape, strides, dtype, device and the
+    first name holding the same tensor."""
+    first: dict[int, int] = {}
+    return (
+        json.dumps(config, sort_keys=True, default=str),
+        tuple(
+            (name, t.shape, t.stride(), t.dtype, t.device, first.setdefault(id(t), i))
+            for i, (name, t) in enumerate(tensors.items())
+        ),
+    )
+
+
+@dataclass
+class Template:
+    """A built ``LoRAModel`` with its factors taken out: per module its weights object (copied, no tensors) and,
+    per side, the staged name each factor was."""
+
+    model: Any
+    modules: dict[str, tuple[Any, Where, Where]]
+
+    @classmethod
+    def of(cls, lora: Any, tensors: Mapping[str, torch.Tensor]) -> Template | None:
+        """``lora``'s template, or None if a factor is not a staged tensor or it holds more than LoRA factors."""
+        if getattr(lora, "modules_to_save", None):
+            return None
+        names = {id(t): n for n, t in reversed(list(tensors.items()))}
+
+        def where(value: Any) -> Where | bool:
+            if value is None:
+                return None
+            if isinstance(value, list):
+                entries = [where(v) for v in value]
+                return False if any(e is False for e in entries) else entries  # type: ignore[return-value]
+            return names.get(id(value), False)
+
+        modules = {}
+        for module_name, weights in lora.loras.items():
+            a, b = where(weights.lora_a), where(weights.lora_b)
+            if a is False or b is False:
+                return None
+            empty = copy.copy(weights)
+            empty.lora_a = empty.lora_b = None
+            modules[module_name] = (empty, a, b)
+        model = copy.copy(lora)
+        model.loras = {}
+        return cls(model, modules)  # type: ignore[arg-type]
+
+    def clone(self, lora_id: int, tensors: Mapping[str, torch.Tensor], is_3d: bool) -> Any:
+        def factor(where: Where) -> Any:
+            if isinstance(where, list):
+                return [None if w is None else tensors[w] for w in where]
+            return None if where is None else tensors[where]
+
+        model = copy.copy(self.model)
+        model.id, model.is_3d_lora_weight, model.loras = lora_id, is_3d, {}
+        for module_name, (empty, a, b) in self.modules.items():
+            weights = copy.copy(empty)
+            weights.lora_a, weights.lora_b = factor(a), factor(b)
+            model.loras[module_name] = weights
+        return model
+
+
+@dataclass
+class LoadMemo:
+    """One worker manager's templates by structure (None: that structure keeps the loader) and counts: loads by
+    the loader, by a clone, and structures refused a template."""
+
+    templates: dict[tuple[Any, ...], Template | None] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {"loaded": 0, "cloned": 0, "refused": 0})
+
+
+def state(manager: Any) -> LoadMemo:
+    memo = manager.__dict__.get(_STATE)
+    if memo is None:
+        memo = manager.__dict__[_STATE] = LoadMemo()
+    return memo
+
+
+def install() -> None:
+    """Wrap the worker manager's ``_load_adapter`` (SkyRL's in-memory loader; once per process, after SkyRL's
+    patch: the vLLM plugin calls it)."""
+    from skyrl.backends.skyrl_train.patches.vllm import patch_lora_in_memory as skyrl_loader
+    from skyrl.backends.skyrl_train.weight_sync.lora_target import lora_name_from_in_memory_path
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    original = WorkerLoRAManager._load_adapter
+    if original.__module__ == __name__:
+        return
+
+    def _load_adapter(self: Any, lora_request: Any) -> Any:
+        name = lora_name_from_in_memory_path(lora_request.lora_path)
+        staged = skyrl_loader._STAGED.get(name) if name is not None else None
+        if staged is None:
+            return original(self, lora_request)
+        memo = state(self)
+        key = structure(staged.tensors, staged.peft_config)
+        if key in memo.templates:
+            template = memo.templates[key]
+            if template is not None:
+                memo.counts["cloned"] += 1
+                return template.clone(lora_request.lora_int_id, staged.tensors, lora_request.is_3d_lora_weight)
+        lora = original(self, lora_request)
+        memo.counts["loaded"] += 1
+        if key not in memo.templates:
+            memo.templates[key] = Template.of(lora, staged.tensors)
+            memo.counts["refused"] += memo.templates[key] is None
+        return lora
+
+    WorkerLoRAManager._load_adapter = _load_adapter

@@ -1,0 +1,62 @@
+"""The load memo (:mod:`skyrl_glm.sync.vllm.load_memo`): a version's ``LoRAModel`` cloned from the last one of its
+structure is what vLLM's own ``LoRAModel.from_lora_tensors`` builds from its tensors (vLLM's code, on CPU here),
+and a model holding anything but the staged tensors gives no template. (On a real engine, through the five-step
+check: ``tests/test_slot_replay.py``.)"""
+
+from __future__ import annotations
+
+import torch
+from vllm.lora.lora_model import LoRAModel
+from vllm.lora.peft_helper import PEFTHelper
+
+from skyrl_glm.sync.vllm.load_memo import Template, structure
+
+CONFIG = {"r": 4, "lora_alpha": 4, "target_modules": ["q_proj", "o_proj"]}
+
+
+def _tensors(seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for layer in range(2):
+        for module, (i, o) in {"self_attn.q_proj": (8, 6), "self_attn.o_proj": (6, 8)}.items():
+            prefix = f"base_model.model.model.layers.{layer}.{module}"
+            out[f"{prefix}.lora_A.weight"] = torch.randn(4, i, generator=g).to(dtype)
+            out[f"{prefix}.lora_B.weight"] = torch.randn(o, 4, generator=g).to(dtype)
+    return out
+
+
+def _build(lora_id: int, tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> LoRAModel:
+    peft = PEFTHelper.from_dict(dict(CONFIG))
+    return LoRAModel.from_lora_tensors(lora_id, tensors, peft, device="cpu", dtype=dtype)
+
+
+def _fields(weights) -> dict:
+    return {k: v for k, v in vars(weights).items() if k not in ("lora_a", "lora_b")}
+
+
+def test_a_clone_is_what_vllm_builds_from_the_new_tensors():
+    first = _tensors(0)
+    template = Template.of(_build(1, first), first)
+    assert template is not None
+    second = _tensors(1)
+    assert structure(second, CONFIG) == structure(first, CONFIG)
+    clone, fresh = template.clone(7, second, is_3d=False), _build(7, second)
+    assert clone.id == 7 and clone.rank == fresh.rank and set(clone.loras) == set(fresh.loras)
+    for name, weights in fresh.loras.items():
+        mine = clone.loras[name]
+        assert type(mine) is type(weights) and _fields(mine) == _fields(weights)
+        assert mine.lora_a is weights.lora_a and mine.lora_b is weights.lora_b  # the staged tensors themselves
+    assert all(w.lora_a is None for w, _, _ in template.modules.values())  # no version's tensor is held
+
+
+def test_a_model_of_converted_factors_gives_no_template():
+    staged = _tensors(0, torch.float32)
+    assert Template.of(_build(1, staged, dtype=torch.bfloat16), staged) is None  # vLLM cast each: copies
+
+
+def test_aliasing_and_config_are_part_of_the_structure():
+    a, b = _tensors(0), _tensors(0)
+    shared = next(iter(b))
+    b[list(b)[2]] = b[shared]  # two names, one tensor
+    assert structure(a, CONFIG) != structure(b, CONFIG)
+    assert structure(a, CONFIG) != structure(a, {**CONFIG, "lora_alpha": 8})
