@@ -103,4 +103,12 @@ def test_every_nth_sync_exports_whole_and_a_difference_drops_the_memo():
     unique_adapter(changed(), config_rank=2, num_moe_experts=EXPERTS, shared_storage=True, export_memo=memo,
                    params=params)  # fmt: skip
     assert memo.counts["dropped"] == 1 and memo.counts["refused"] == 1  # and a copy teaches nothing
-    assert memo.recall() is None
+    assert memo.recall(params) is None
+
+
+def test_parameters_unlike_the_learned_ones_recall_nothing():
+    params, memo = _params(), ExportMemo()
+    _sync(params, memo)
+    assert memo.recall([params[0], params[1]]) is None  # one missing
+    assert memo.recall([params[0], params[1], params[2].to(torch.float64)]) is None  # another dtype
+    assert memo.recall(params) is not None

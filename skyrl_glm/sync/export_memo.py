@@ -9,9 +9,10 @@ views of the parameters as they are then.
 
 :meth:`ExportMemo.learn` takes one full export's deduplication (before any fold) and the model's LoRA parameters,
 and records per unique tensor which parameter it views and where (offset from the parameter's own first element,
-shape, strides). :meth:`ExportMemo.recall` then gives the next sync's deduplication with no export: the same names
-and alias rules, each tensor that view of its parameter now (read where the parameter is now: an offload and reload
-that moves a parameter's memory moves the read with it). Work per unique tensor, none per name.
+shape, strides). :meth:`ExportMemo.recall`, handed the parameters as they are then, gives the next sync's
+deduplication with no export: the same names and alias rules, each tensor that view of its parameter now (read where
+the parameter is now: an offload and reload that moves a parameter's memory moves the read with it; parameters of
+another count, shape or dtype recall nothing). Work per unique tensor, none per name.
 
 It learns nothing when any unique tensor is not a view of one parameter (a gathered copy, a stacked tensor): such
 an export keeps running whole. And it trusts no memory for long: every ``verify_every``-th sync recalls nothing, so
@@ -26,6 +27,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -77,24 +79,29 @@ class ExportMemo:
         self.verify_every = verify_every
         self.last: Dedup | None = None  # the learned deduplication, with no tensors
         self.sources: list[_Source] = []
-        self.params: Sequence[torch.Tensor] = ()
+        self.kinds: list[tuple[Any, ...]] = []  # the learned parameters' shape, strides, dtype, device
         self.recalls = 0  # syncs served since the last full export
         self.counts = {"learned": 0, "recalled": 0, "refused": 0, "dropped": 0}
 
-    def recall(self) -> Dedup | None:
-        """This sync's deduplication from the parameters, or None: nothing learned, or a full export is due."""
-        if self.last is None or self.recalls + 1 >= self.verify_every:
+    def recall(self, params: Sequence[torch.Tensor]) -> Dedup | None:
+        """This sync's deduplication read from ``params`` (the model's LoRA parameters now, in the order learned),
+        or None: nothing learned, a full export due, or parameters unlike the learned ones (count, shape, dtype)."""
+        if self.last is None or self.recalls + 1 >= self.verify_every or self._kinds(params) != self.kinds:
             return None
         self.recalls += 1
         self.counts["recalled"] += 1
-        return self._rebuilt()
+        return self._rebuilt(params)
 
-    def _rebuilt(self) -> Dedup:
+    @staticmethod
+    def _kinds(params: Sequence[torch.Tensor]) -> list[tuple[Any, ...]]:
+        return [(p.shape, p.stride(), p.dtype, p.device) for p in params]
+
+    def _rebuilt(self, params: Sequence[torch.Tensor]) -> Dedup:
         assert self.last is not None
         tensors = [
             p.as_strided(s.shape, s.strides, p.storage_offset() + s.offset)
             for s in self.sources
-            for p in (self.params[s.param],)
+            for p in (params[s.param],)
         ]
         return dataclasses.replace(self.last, unique=dict(zip(self.last.unique, tensors, strict=True)))
 
@@ -102,26 +109,26 @@ class ExportMemo:
         """Remember a full export's deduplication (``dedup``, before any fold) as views of ``params``; first, if
         one was learned, check it would have recalled this export exactly (else it is dropped). Returns whether
         the next sync can be recalled."""
-        if self.last is not None and not self._agrees(dedup):
+        if self.last is not None and not self._agrees(dedup, params):
             self.counts["dropped"] += 1
             log.warning("export memo dropped: a full export differs from what the memo recalls; learning again")
         sources = _sources(dedup.unique, params)
         self.recalls = 0
         if sources is None:
-            self.last, self.sources, self.params = None, [], ()
+            self.last, self.sources, self.kinds = None, [], []
             self.counts["refused"] += 1
             return False
         self.last = dataclasses.replace(dedup, unique=dict.fromkeys(dedup.unique))  # type: ignore[arg-type]
-        self.sources, self.params = sources, list(params)
+        self.sources, self.kinds = sources, self._kinds(params)
         self.counts["learned"] += 1
         return True
 
-    def _agrees(self, dedup: Dedup) -> bool:
+    def _agrees(self, dedup: Dedup, params: Sequence[torch.Tensor]) -> bool:
         assert self.last is not None
         same = dataclasses.replace(dedup, unique={}) == dataclasses.replace(self.last, unique={})
-        if not same or list(dedup.unique) != list(self.last.unique):
+        if not same or list(dedup.unique) != list(self.last.unique) or self._kinds(params) != self.kinds:
             return False
-        recalled = self._rebuilt().unique.values()
+        recalled = self._rebuilt(params).unique.values()
         return all(
             a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
             for a, b in zip(dedup.unique.values(), recalled, strict=True)

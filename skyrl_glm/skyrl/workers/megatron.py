@@ -136,7 +136,7 @@ def unique_adapter(
     ``export_memo`` with ``params`` (the model's LoRA parameters): a sync it recalls reads the unique tensors from
     the parameters and never iterates ``export`` (so make it lazily); a full one teaches it
     (:mod:`skyrl_glm.sync.export_memo`)."""
-    dedup = export_memo.recall() if export_memo is not None else None
+    dedup = export_memo.recall(params) if export_memo is not None else None
     prefolded: set[str] = set()
     if dedup is None:
         bound = None if shared_storage else slice_bytes  # declared sharing sends every storage: no bytes to count
