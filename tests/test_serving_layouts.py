@@ -478,3 +478,33 @@ def test_grouped_is_asked_for_like_shared_all_and_read_back_with_its_groups() ->
     asked = types.SimpleNamespace(lora_config=types.SimpleNamespace(enable_moe_shared_loras=True))
     asked.additional_config = {layouts.ADDITIONAL_CONFIG_KEY: "grouped:nope"}  # not a layout: vLLM's shared-outer
     assert layouts.layout_of(asked) == layouts.SHARED_OUTER
+
+
+@pytest.mark.parametrize("layout", [layouts.SHARED_ALL, GROUPED])
+def test_the_slot_replay_repeats_vllms_writes_into_a_shared_or_grouped_layer(layout: str) -> None:
+    """vLLM's ``set_lora`` of a received adapter into this layout's ``FusedMoEWithLoRA`` (through the plugin's
+    patch) is recorded once and replayed for another version at another slot: every write replayable (each factor
+    reaches its slot as a view, whatever expert-dim the receiver hands it with), and the replayed slot holds what
+    vLLM's own ``set_lora`` writes there."""
+    from skyrl_glm.sync.vllm.slot_replay import _Recorder, slot_tensors
+
+    layer = MOE_LAYERS[0]
+    groups = 1 if layout == layouts.SHARED_ALL else 2
+
+    def factors(seed: int) -> tuple[list, list]:
+        tensors = grouped_adapter(groups) if groups > 1 else adapter(shared=True)
+        tensors = {n: t * (seed + 1) for n, t in tensors.items()}  # another version: other values
+        return packed_stacks(receive(tensors, layout).tensors, layer)
+
+    moe = fused_moe_layer(shared=True, layout=layout)
+    first = factors(0)
+    recorder = _Recorder(slot_tensors({"experts": moe}, 2), [*first[0], *first[1]], 0)
+    with recorder:
+        moe.set_lora(0, *first)
+    recording = recorder.recording()  # NotReplayable: a factor reached its slot other than as a view
+    second = factors(1)
+    recording.replay(1, [*second[0], *second[1]])
+    replayed = [t[1].clone() for name in SLOT_NAMES for t in getattr(moe, name)]
+    moe.set_lora(1, *second)
+    assert all(torch.equal(r, t[1]) for r, t in zip(replayed, (t for n in SLOT_NAMES for t in getattr(moe, n))))
+    assert any(r.any() for r in replayed)

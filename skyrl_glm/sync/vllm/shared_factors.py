@@ -95,7 +95,11 @@ class Grouping:
             return factor[self.first : self.first + self.local]
         if factor.shape[0] in (self.local_experts, self.experts):
             offset = 0 if factor.shape[0] == self.local_experts else self.first_expert
-            return factor[[offset + h for h in self.heads()]]
+            rows = [offset + h for h in self.heads()]
+            step = rows[1] - rows[0] if len(rows) > 1 else 1
+            if rows == list(range(rows[0], rows[-1] + 1, step)):  # evenly spaced: a view (the slot replay needs one)
+                return factor[rows[0] : rows[-1] + 1 : step]
+            return factor[rows]
         if factor.shape[0] == 1:
             return factor.expand(self.local, *factor.shape[1:])
         raise ValueError(
