@@ -506,5 +506,6 @@ def test_the_slot_replay_repeats_vllms_writes_into_a_shared_or_grouped_layer(lay
     recording.replay(1, [*second[0], *second[1]])
     replayed = [t[1].clone() for name in SLOT_NAMES for t in getattr(moe, name)]
     moe.set_lora(1, *second)
-    assert all(torch.equal(r, t[1]) for r, t in zip(replayed, (t for n in SLOT_NAMES for t in getattr(moe, n))))
+    written = [t[1] for name in SLOT_NAMES for t in getattr(moe, name)]
+    assert all(torch.equal(r, w) for r, w in zip(replayed, written, strict=True))
     assert any(r.any() for r in replayed)
