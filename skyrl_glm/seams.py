@@ -273,7 +273,7 @@ SEAMS: tuple[Seam, ...] = (
         "patched",
         VLLM,
         "skyrl_glm/sync/vllm/slot_replay.py",
-        "an adapter structure's first activation is recorded, later ones replay its slot writes in two batched "
+        "an adapter structure's first activation is recorded, later ones replay its slot writes in three batched "
         "calls (vLLM's bookkeeping runs unchanged, its per-module set_lora/reset_lora skipped)",
     ),
     *(

@@ -9,8 +9,9 @@ time but for the source tensors and the slot index.
 The first activation of a structure runs vLLM's loop under a :class:`~torch.utils._python_dispatch.TorchDispatchMode`
 that records every write: into which LoRA slot tensor, where inside the slot's index block, and from which view of
 which of the adapter's factors (or which constant). Later activations of that structure keep vLLM's bookkeeping
-(which id sits in which slot) and skip only its per-module writes, replaying the recording instead: constants in
-one batched call, factor views in one ``torch._foreach_copy_``, at whatever slot index vLLM chose.
+(which id sits in which slot) and skip only its per-module writes, replaying the recording instead: zero fills and
+other constants in two batched calls, factor views in one ``torch._foreach_copy_``, at whatever slot index vLLM
+chose (on one H200, ``grouped:4`` at 1 to 5 full-width layers: 4.2-4.6 ms a load against 4.7-6.8 ms).
 
 A recording is kept only if that replay provably leaves what vLLM's loop leaves: every write is a ``copy_``,
 ``fill_`` or ``zero_`` into a LoRA slot tensor's block at the activated index; a copied source is a view of a factor
@@ -113,10 +114,6 @@ class Recording:
                 for _, k, view in self.copies
             ]
             torch._foreach_copy_(dsts, srcs, non_blocking=True)
-
-    @property
-    def writes(self) -> int:
-        return len(self.zeros) + len(self.constants) + len(self.copies)
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
