@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,17 +24,19 @@ _STATE = "_skyrl_glm_load_memo"  # on a WorkerLoRAManager: its LoadMemo
 Where = str | list[str | None] | None  # a factor's staged name, or per entry of a packed factor
 
 
-def structure(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a clone depends on: the config, and per staged name its tensor's shape, strides, dtype, device and the
-    first name holding the same tensor."""
+def kinds_with_aliasing(tensors: Iterable[torch.Tensor | None]) -> tuple[Any, ...]:
+    """Per tensor its shape, strides, dtype, device and the first position holding the same tensor (None stays):
+    what a structure of tensors is, values aside (here and in :mod:`~skyrl_glm.sync.vllm.slot_replay`)."""
     first: dict[int, int] = {}
-    return (
-        json.dumps(config, sort_keys=True, default=str),
-        tuple(
-            (name, t.shape, t.stride(), t.dtype, t.device, first.setdefault(id(t), i))
-            for i, (name, t) in enumerate(tensors.items())
-        ),
+    return tuple(
+        None if t is None else (t.shape, t.stride(), t.dtype, t.device, first.setdefault(id(t), i))
+        for i, t in enumerate(tensors)
     )
+
+
+def structure(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a clone depends on: the config, the staged names and their tensors' :func:`kinds_with_aliasing`."""
+    return (json.dumps(config, sort_keys=True, default=str), tuple(tensors), kinds_with_aliasing(tensors.values()))
 
 
 @dataclass

@@ -19,7 +19,8 @@ A recording is kept only if that replay provably leaves what vLLM's loop leaves:
 written over an earlier copy (the replay writes constants first), an identical later write replacing an earlier
 one. Anything else (a computed source, a write elsewhere, an unknown mutating op) leaves that structure on vLLM's
 loop for the engine's life. The replay assumes what vLLM writes depends on the factors' shapes, strides and dtypes,
-not their values (true of every ``set_lora`` in vLLM 0.30-0.32). Off with ``SKYRL_GLM_SLOT_REPLAY=0``.
+not their values (true of every ``set_lora`` in vLLM 0.30-0.32). Off with ``SKYRL_GLM_SLOT_REPLAY=0``
+(:data:`~skyrl_glm.sync.vllm.engine_env.SLOT_REPLAY_ENV`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from skyrl_glm.sync.vllm.engine_env import SLOT_REPLAY_ENV, slot_replay_on
+from skyrl_glm.sync.vllm.load_memo import kinds_with_aliasing
+
 log = logging.getLogger(__name__)
 
-ENV = "SKYRL_GLM_SLOT_REPLAY"
 _STATE = "_skyrl_glm_slot_replay"  # on a LoRAModelManager: its SlotReplay
 _SLOT_STORAGE = "_skyrl_glm_slot_storage"  # the grouped layouts' slot storage (shared_factors._STORAGE)
 _WRITES = (torch.ops.aten.copy_.default, torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor)
@@ -130,7 +133,7 @@ class _Recorder(TorchDispatchMode):
         self.factors = factors
         self.keep: list[Any] = []  # tensors whose id() is in origin/tainted stay alive while recording
         self.tainted: set[int] = set()
-        self.writes: list[tuple[Place, Any]] = []  # (place, ("zero",) | ("const", t) | ("copy", k, at, ...))
+        self.writes: list[tuple[Place, Any]] = []  # (place, ("const", 0-d value) | ("copy", factor, view or None))
         self.refused: str | None = None
 
     def place(self, dst: torch.Tensor) -> Place:
@@ -232,12 +235,7 @@ def adapter_factors(lora_model: Any) -> tuple[list[torch.Tensor | None], tuple[A
         weights = lora_model.loras[name]
         for side in (weights.lora_a, weights.lora_b):
             factors.extend(side if isinstance(side, list) else [side])
-    first: dict[int, int] = {}
-    structure = tuple(
-        None if f is None else (f.shape, f.stride(), f.dtype, f.device, first.setdefault(id(f), k))
-        for k, f in enumerate(factors)
-    )
-    return factors, (tuple(sorted(lora_model.loras)), structure)
+    return factors, (tuple(sorted(lora_model.loras)), kinds_with_aliasing(factors))
 
 
 @dataclass
@@ -253,8 +251,15 @@ class SlotReplay:
 def state(manager: Any) -> SlotReplay:
     replay = manager.__dict__.get(_STATE)
     if replay is None:
-        replay = manager.__dict__[_STATE] = SlotReplay(enabled=os.environ.get(ENV, "1") != "0")
+        replay = manager.__dict__[_STATE] = SlotReplay(enabled=slot_replay_on(os.environ.get(SLOT_REPLAY_ENV)))
     return replay
+
+
+def _slots(manager: Any, replay: SlotReplay) -> dict[int, Slot]:
+    """The manager's slot tensors, read once (vLLM allocates them at start and keeps them)."""
+    if replay.slots is None:
+        replay.slots = slot_tensors(manager.modules, len(manager.lora_index_to_id))
+    return replay.slots
 
 
 @contextmanager
@@ -293,10 +298,8 @@ def activate(original: Any, manager: Any, lora_id: int) -> bool:
         recording.replay(manager.lora_index_to_id.index(lora_id), factors)
         replay.counts["replayed"] += 1
         return result
-    if replay.slots is None:
-        replay.slots = slot_tensors(manager.modules, len(manager.lora_index_to_id))
     index = next((i for i, held in enumerate(manager.lora_index_to_id) if held is None), 0)
-    recorder = _Recorder(replay.slots, factors, index)
+    recorder = _Recorder(_slots(manager, replay), factors, index)
     with recorder:
         result = original(manager, lora_id)
     if manager.lora_index_to_id.index(lora_id) != index:
@@ -334,14 +337,13 @@ def matches_vllm(manager: Any, lora_id: int) -> bool:
     blocks are read, the adapter deactivated and activated again with the replay off (vLLM writes it, at the first
     free index), and the two read back compared bit for bit. For benchmarks and tests: the adapter is rewritten."""
     replay = state(manager)
-    if replay.slots is None:
-        replay.slots = slot_tensors(manager.modules, len(manager.lora_index_to_id))
-    before = [b.clone() for b in _blocks(replay.slots, manager.lora_index_to_id.index(lora_id))]
+    slots = _slots(manager, replay)
+    before = [b.clone() for b in _blocks(slots, manager.lora_index_to_id.index(lora_id))]
     manager.deactivate_adapter(lora_id)
     enabled, replay.enabled = replay.enabled, False
     try:
         manager.activate_adapter(lora_id)
     finally:
         replay.enabled = enabled
-    after = _blocks(replay.slots, manager.lora_index_to_id.index(lora_id))
+    after = _blocks(slots, manager.lora_index_to_id.index(lora_id))
     return all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
