@@ -119,6 +119,19 @@ def test_kv_cache_size_takes_gib_and_refuses_the_rest() -> None:
             kv_cache_bytes(bad)
 
 
+def test_the_slot_replay_switch_takes_1_or_0_and_a_check_refuses_the_rest_in_one_line(monkeypatch) -> None:
+    from skyrl_glm.check.runner import check_device
+    from skyrl_glm.sync.vllm.engine_env import slot_replay_on
+
+    assert slot_replay_on(None) and slot_replay_on("1") and not slot_replay_on("0")
+    for bad in ("off", "false", "2", " 0"):
+        with pytest.raises(ValueError, match="SKYRL_GLM_SLOT_REPLAY"):
+            slot_replay_on(bad)
+    monkeypatch.setenv("SKYRL_GLM_SLOT_REPLAY", "off")
+    with pytest.raises(UsageError, match=r"^SKYRL_GLM_SLOT_REPLAY='off': 1 \(the slot replay, the default\) or 0"):
+        check_device("cpu")  # before any engine starts
+
+
 def test_a_megatron_worker_supplies_the_defaults_before_bridge_reads_the_config(tmp_path) -> None:
     """The mixin SkyRL's Megatron workers get runs before the worker's own ``init_model`` (where Bridge reads the
     config), and reads no path itself (a hub id has no config.json on the host yet)."""

@@ -8,6 +8,7 @@ the timed steps measure the handoff and not first-call costs), then runs the fiv
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import tempfile
 import time
@@ -122,16 +123,18 @@ def check_device(device: str) -> None:
     match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
     if match is None:
         raise UsageError(f"unknown device {device!r}: use cpu, cuda or cuda:N")
+    from skyrl_glm.sync.vllm.engine_env import SLOT_REPLAY_ENV, gpu_environment_settings, slot_replay_on
+
+    try:  # what an engine reads from the environment, read before anything starts
+        slot_replay_on(os.environ.get(SLOT_REPLAY_ENV))
+        if device != "cpu":
+            gpu_environment_settings()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if device == "cpu":
         return
     import torch
 
-    from skyrl_glm.sync.vllm.engine_env import gpu_environment_settings
-
-    try:
-        gpu_environment_settings()  # what a GPU engine reads from the environment, read before anything starts
-    except ValueError as e:
-        raise UsageError(str(e)) from None
     index = int(match.group(1) or 0)
     if index >= torch.cuda.device_count():
         raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")

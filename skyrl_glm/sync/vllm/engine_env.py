@@ -45,3 +45,17 @@ def gpu_environment_settings() -> dict[str, Any]:
     if kv := os.environ.get(KV_CACHE_ENV):
         settings["kv_cache_memory_bytes"] = kv_cache_bytes(kv)
     return settings
+
+
+SLOT_REPLAY_ENV = "SKYRL_GLM_SLOT_REPLAY"
+"""``0``: an engine activates adapters with vLLM's own per-module writes, not the slot replay
+(:mod:`skyrl_glm.sync.vllm.slot_replay`); ``1`` or unset: the replay."""
+
+
+def slot_replay_on(value: str | None) -> bool:
+    """:data:`SLOT_REPLAY_ENV`'s value as on/off, else one ``ValueError`` naming it."""
+    if value in (None, "", "1"):
+        return True
+    if value == "0":
+        return False
+    raise ValueError(f"{SLOT_REPLAY_ENV}={value!r}: 1 (the slot replay, the default) or 0 (vLLM's own writes)")
