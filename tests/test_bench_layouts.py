@@ -6,6 +6,7 @@ end-to-end rows, the table and the plot run on a report built in the test (its n
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_end_to_end_rows_add_the_sync_to_the_fitted_load_and_the_measured_activa
     (first request minus the repeat on the active adapter) is, as measured (no per-layer part: vLLM's slot copies
     are in the load), never read off a fit."""
     report = _made_up_report()
-    rows = L.end_to_end(report, SYNC)["rows"]
+    rows = L.end_to_end(report, [SYNC])["rows"]
     shared = report["layouts"]["shared-outer"]
     fit = shared["fit_75"]
     # the sync's own receiver stages (per-expert names in its process) give way to the layout's engine-side receive
@@ -88,6 +89,21 @@ def test_end_to_end_rows_add_the_sync_to_the_fitted_load_and_the_measured_activa
     skyrl = rows["SkyRL 0.4.0 memory path, per-expert"]
     assert skyrl["total_s"] == pytest.approx(0.4 + per_expert["fit_75"]["load_s"]["value"] + activation(per_expert))
     assert not any("stacked-3d" in k for k in rows)  # its engine did not start: no row
+
+
+def test_a_grouped_layout_takes_the_sender_of_its_own_grouping_or_no_row() -> None:
+    """grouped:G serves an adapter of G groups per layer, whose sender sends G times the expert tensors: the
+    one-per-layer adapter's sync would understate it, so its row needs the sync of ``--expert-groups G``."""
+    report = _made_up_report()
+    report["layouts"]["grouped:4"] = {**report["layouts"]["shared-outer"], "expert_groups": 4}
+    alone = L.end_to_end(report, [SYNC])
+    assert "skyrl-glm, grouped:4" not in alone["rows"] and alone["no_sync"] == ["grouped:4"]
+    grouped = {**SYNC, "options": {"expert_groups": 4}, "paths": {"ours": {"total_s": 0.5, "stages_s": {}}}}
+    both = L.end_to_end(report, [SYNC, grouped])
+    row, shared = both["rows"]["skyrl-glm, grouped:4"], both["rows"]["skyrl-glm, shared-outer"]
+    assert row["sync_sender_s"] == pytest.approx(0.5) and row["sync_expert_groups"] == 4
+    assert shared["sync_sender_s"] == pytest.approx(0.17) and shared["sync_expert_groups"] == 1
+    assert both["no_sync"] == [] and [s["expert_groups"] for s in both["syncs"]] == [1, 4]
 
 
 def test_the_decode_table_shows_each_layout_against_the_engine_without_lora(tmp_path, capsys) -> None:
@@ -106,12 +122,12 @@ def test_the_decode_table_shows_each_layout_against_the_engine_without_lora(tmp_
     out = capsys.readouterr().out
     assert "batch 256" in out and "7,600 (95%)" in out and "50 (50%)" in out and "1000" in out
     L.plot_layout_report(report, str(tmp_path / "layouts.png"))  # the baseline engine has no load to plot
-    assert L.end_to_end(report, SYNC)["rows"].keys() == L.end_to_end(_made_up_report(), SYNC)["rows"].keys()
+    assert L.end_to_end(report, [SYNC])["rows"].keys() == L.end_to_end(_made_up_report(), [SYNC])["rows"].keys()
 
 
 def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
     report = _made_up_report()
-    report["end_to_end_75"] = L.end_to_end(report, SYNC)
+    report["end_to_end_75"] = L.end_to_end(report, [SYNC])
     L.print_layout_report(report)
     out = capsys.readouterr().out
     assert "75 (fit)" in out and "engine did not start" in out and "SkyRL 0.4.0 memory path" in out
@@ -129,9 +145,16 @@ def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
         (["--config", "full", "--layouts", "grouped:4,grouped:4"], "--layouts 'grouped:4,grouped:4': each once"),
         (["--config", "full", "--layouts", "grouped:4", "--decode", "1,x"], "give comma-separated batch sizes"),
         (["--config", "full", "--layouts", "grouped:4", "--max-loras", "0"], "--max-loras must be in 1..16"),
+        (["--config", "full", "--layouts", "grouped:4", "--sync-json", "{missing}"], "not a bench sync --json report"),
+        (["--config", "full", "--layouts", "grouped:4", "--sync-json", "{bad}"], "bad.json: not a bench sync --json"),
+        (["--config", "full", "--layouts", "grouped:4", "--sync-json", "{good},{good}"], "both send 1 expert group"),
     ],
 )
-def test_bad_layout_options_are_one_line(args: list[str], message: str) -> None:
+def test_bad_layout_options_are_one_line(args: list[str], message: str, tmp_path) -> None:
+    files = {"missing": tmp_path / "missing.json", "bad": tmp_path / "bad.json", "good": tmp_path / "good.json"}
+    files["bad"].write_text('{"paths": {"ours": {"total_s": "x"}}}')
+    files["good"].write_text(json.dumps(SYNC))
+    args = [a.format(**files) for a in args]
     got = subprocess.run(
         [sys.executable, "-m", "skyrl_glm.cli", "bench", "load", *args], capture_output=True, text=True, timeout=120
     )

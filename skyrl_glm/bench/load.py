@@ -24,6 +24,7 @@ MoE layers (fixed costs included, so an over-estimate).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -240,6 +241,28 @@ def _batches(text: str | None) -> list[int] | None:
     return batches
 
 
+def _sync_reports(text: str | None) -> list[str] | None:
+    """The ``--sync-json`` files, each read now (a bad one is refused before any engine starts): ``bench sync``
+    reports with our path's stages, at most one per expert grouping."""
+    if text is None:
+        return None
+    from skyrl_glm.bench.load_layouts import sync_groups
+
+    paths, seen = text.split(","), {}
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            ours = report["paths"]["ours"]
+            float(ours["total_s"]), dict(ours["stages_s"])
+            groups = sync_groups(report)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UsageError(f"--sync-json {path}: not a bench sync --json report ({type(e).__name__}: {e})") from None
+        if groups in seen:
+            raise UsageError(f"--sync-json: {seen[groups]} and {path} both send {groups} expert group(s) per layer")
+        seen[groups] = path
+    return paths
+
+
 def _cmd_bench_load(args: argparse.Namespace) -> int:
     try:
         positive_int("--rounds", args.rounds)
@@ -249,6 +272,7 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
         decode = _batches(args.decode)
         if not 1 <= args.max_loras <= 16:
             raise UsageError(f"--max-loras must be in 1..16, got {args.max_loras}")
+        sync_json = _sync_reports(args.sync_json)
         if (decode or args.max_loras != 2) and layouts is None:
             raise UsageError("--decode and --max-loras are measured per layout: add --layouts")
         if layouts is not None and NO_ADAPTER in layouts and not decode:
@@ -262,8 +286,6 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
             raise UsageError("--layouts, --sync-json and --plot compare layouts at full width: add --config full")
         if layouts is None and len(layers) > 1:
             raise UsageError("several --layers counts are measured per layout: add --layouts")
-        if args.sync_json and not Path(args.sync_json).is_file():
-            raise UsageError(f"--sync-json {args.sync_json}: no such file (a bench sync --json report)")
         for option, path in (("--json", args.json), ("--plot", args.plot)):
             if path:
                 writable_file(option, path)
@@ -281,7 +303,7 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
 
         with Phases(Console(stderr=True), prefix="bench load") as phases:
             report = run_layout_bench(
-                layers, layouts, args.rounds, args.warmup, args.rank, args.sync_json, args.max_loras, decode,
+                layers, layouts, args.rounds, args.warmup, args.rank, sync_json, args.max_loras, decode,
                 progress=phases.line, after_layout=keep,
             )  # fmt: skip
         print_layout_report(report)
@@ -326,7 +348,11 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="with --layouts: decode tokens/s at these batch sizes (e.g. 1,32,256), adapter on and off, CUDA graphs",
     )
-    p.add_argument("--sync-json", default=None, help="a bench sync --json report: adds the end-to-end handoff rows")
+    p.add_argument(
+        "--sync-json",
+        default=None,
+        help="bench sync --json reports, comma-separated, one per --expert-groups: adds the end-to-end handoff rows",
+    )
     p.add_argument("--plot", default=None, help="with --layouts: write the fit and slot-memory PNG here")
     p.add_argument("--rounds", type=int, default=5, help="timed updates per path (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed updates per path first")

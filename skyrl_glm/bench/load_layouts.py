@@ -14,10 +14,11 @@ activates it: a memset, left out of the slope.)
 
 LoRA-slot memory is read from the engine: the bytes of the slot tensors vLLM allocated at start for ``max_loras``
 adapters (:class:`SlotReport`, read-only), per resident adapter, routed experts apart; at 75 layers each part is
-scaled by its layer count (every layer's slots have one shape). ``--sync-json`` (a ``bench sync --exporter
-bridge-stream`` report of the full model) adds the end-to-end rows at 75 layers: ours (each layout) is the sync's
-sender side plus the layout's engine-side receive, load and activation, against SkyRL 0.4.0's memory path (its whole
-sync, then its per-expert names through the same loader). The
+scaled by its layer count (every layer's slots have one shape). ``--sync-json`` (``bench sync --exporter
+bridge-stream`` reports of the full model, one per expert grouping: ``--expert-groups G`` for ``grouped:G``) adds
+the end-to-end rows at 75 layers: ours (each layout) is the sender side of the sync of the adapter it serves plus the
+layout's engine-side receive, load and activation, against SkyRL 0.4.0's memory path (its whole sync, then its
+per-expert names through the same loader). The
 request itself is left out: on a few-layer engine it is tens of ms of fixed work whose spread exceeds its slope
 (measured on one H200), so its fit says nothing of a 75-layer forward, which every request pays anyway.
 
@@ -252,7 +253,7 @@ def run_layout_bench(
     rounds: int,
     warmup: int,
     rank: int,
-    sync_json: str | None = None,
+    sync_json: list[str] | None = None,
     max_loras: int = 2,
     decode: list[int] | None = None,
     progress: Callable[[str], None] = lambda line: None,
@@ -347,7 +348,7 @@ def run_layout_bench(
             after_layout(report)
     report["complete"] = True
     if sync_json:
-        report["end_to_end_75"] = end_to_end(report, json.loads(Path(sync_json).read_text()))
+        report["end_to_end_75"] = end_to_end(report, [json.loads(Path(p).read_text()) for p in sync_json])
     return report
 
 
@@ -356,16 +357,25 @@ def run_layout_bench(
 SYNC_RECEIVER_STAGES = ("transfer", "verify", "rebuild")
 
 
-def end_to_end(report: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
+def sync_groups(sync: dict[str, Any]) -> int:
+    """The expert groups per layer of a ``bench sync`` report's adapter (1: one adapter per layer; a report from
+    before the option: 1)."""
+    return int((sync.get("options") or {}).get("expert_groups") or 1)
+
+
+def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str, Any]:
     """The handoff at 75 layers: ours in each layout that ran is the sync's sender side (a ``bench sync`` report at
-    full size, less its receiver's stages), the layout's engine-side receive and load (fitted) and activation;
-    SkyRL 0.4.0's memory path is its whole sync plus the per-expert load and activation (its receiver is its own).
+    full size of the adapter the layout serves: ``grouped:G`` the one of ``--expert-groups G``, every other layout
+    the one-per-layer adapter's; less its receiver's stages), the layout's engine-side receive and load (fitted)
+    and activation; SkyRL 0.4.0's memory path is its whole sync of the one-per-layer adapter plus the per-expert
+    load and activation (its receiver is its own). A layout whose adapter no report sent gets no row
+    (``no_sync``): a sender of another adapter would misstate it.
 
     The activation is the median over the measured layer counts, not a fit: vLLM copies a new adapter into its slots
     inside ``add_lora`` (``LRUCacheWorkerLoRAManager.add_adapter`` activates it), so that per-layer work is in the
     load; what is left for the first request has no per-layer part, and a fit of it read at 75 layers multiplies
     its few-ms jitter (measured on one H200: medians -10 to +9 ms, fits -93 to +249 ms)."""
-    paths = sync["paths"]
+    by_groups = {sync_groups(s): s for s in syncs}
 
     def at_75(layout: str, stage: str) -> float | None:
         """The stage at 75 layers: its fit, the activation's median; None where the layout's engine did not run."""
@@ -376,25 +386,38 @@ def end_to_end(report: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
             return statistics.median(m[stage] for m in r["medians_s"].values())
         return r["fit_75"][stage]["value"]
 
-    ours = paths["ours"]
-    sender = ours["total_s"] - sum(ours["stages_s"].get(k) or 0.0 for k in SYNC_RECEIVER_STAGES)
-    rows = {}
-    for layout in report["layouts"]:
-        if (load := at_75(layout, "load_s")) is not None:
-            rows[f"skyrl-glm, {layout}"] = {
-                "sync_sender_s": sender,
-                "receive_s": at_75(layout, "receive_s"),
-                "load_and_activation_s": load + at_75(layout, "activation_s"),
-            }
-    if (load := at_75("per-expert", "load_s")) is not None and "skyrl" in paths:
+    def sender(sync: dict[str, Any]) -> float:
+        ours = sync["paths"]["ours"]
+        return ours["total_s"] - sum(ours["stages_s"].get(k) or 0.0 for k in SYNC_RECEIVER_STAGES)
+
+    rows, no_sync = {}, []
+    for layout, r in report["layouts"].items():
+        if (load := at_75(layout, "load_s")) is None:
+            continue
+        sync = by_groups.get(int(r.get("expert_groups") or 1) if layout.startswith("grouped:") else 1)
+        if sync is None:
+            no_sync.append(layout)
+            continue
+        rows[f"skyrl-glm, {layout}"] = {
+            "sync_sender_s": sender(sync),
+            "receive_s": at_75(layout, "receive_s"),
+            "load_and_activation_s": load + at_75(layout, "activation_s"),
+            "sync_expert_groups": sync_groups(sync),
+        }
+    one = by_groups.get(1)
+    if (load := at_75("per-expert", "load_s")) is not None and one is not None and "skyrl" in one["paths"]:
         rows["SkyRL 0.4.0 memory path, per-expert"] = {
-            "sync_sender_s": paths["skyrl"]["total_s"],
+            "sync_sender_s": one["paths"]["skyrl"]["total_s"],
             "receive_s": None,  # inside its sync
             "load_and_activation_s": load + at_75("per-expert", "activation_s"),
+            "sync_expert_groups": 1,
         }
     for row in rows.values():
         row["total_s"] = row["sync_sender_s"] + (row["receive_s"] or 0.0) + row["load_and_activation_s"]
-    return {"sync_command": sync.get("command"), "sync_commit": sync.get("commit"), "rows": rows}
+    syncs_made = [
+        {"expert_groups": g, "command": s.get("command"), "commit": s.get("commit")} for g, s in by_groups.items()
+    ]
+    return {"syncs": syncs_made, "rows": rows, "no_sync": no_sync}
 
 
 def print_layout_report(report: dict[str, Any]) -> None:
@@ -455,6 +478,8 @@ def print_layout_report(report: dict[str, Any]) -> None:
         for path, row in report["end_to_end_75"]["rows"].items():
             e2e.add_row(path, *("in sync" if row[k] is None else f"{row[k] * 1e3:.0f} ms" for k in keys))
         console.print(e2e)
+        if missing := report["end_to_end_75"].get("no_sync"):
+            console.print(f"no handoff row for {', '.join(missing)}: no --sync-json report of its expert grouping")
     if report.get("decode_batches"):
         print_decode_table(report, console)
 
