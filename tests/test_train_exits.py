@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/tiny_cpu_grpo.yaml"
 
 
-def _train(tmp_path: Path, model: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def _train(
+    tmp_path: Path, model: Path, *overrides: str, timeout: int = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     paths = [f"trainer.{key}={tmp_path / key}" for key in ("export_path", "ckpt_path", "log_path")]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
     cmd = [sys.executable, "-m", "skyrl_glm.cli", "train", RECIPE, f"trainer.policy.model.path={model}", *paths]
     return subprocess.run([*cmd, *overrides], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
 
@@ -34,6 +36,17 @@ def test_missing_data_is_refused_before_anything_starts(tmp_path, glm45_dir):
         "(skyrl-glm data prepare ... writes it)"
     )
     assert "Traceback" not in proc.stderr and "Ray" not in proc.stderr  # refused before Ray started
+
+
+def test_a_bad_slot_replay_switch_is_refused_before_the_engines_read_it(tmp_path, glm45_dir):
+    """SkyRL starts the engines, whose workers read SKYRL_GLM_SLOT_REPLAY: a typo there would stop a worker with
+    its traceback minutes in; the command reads it first."""
+    proc = _train(tmp_path, glm45_dir, env={"SKYRL_GLM_SLOT_REPLAY": "off"}, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "skyrl-glm train: error: SKYRL_GLM_SLOT_REPLAY='off': 1 (the slot replay, the default) or 0 (vLLM's own writes)"
+    )
+    assert "Traceback" not in proc.stderr and not (tmp_path / "log_path").exists()
 
 
 def test_a_gpu_run_without_a_visible_gpu_is_refused_before_ray_starts(tmp_path, glm45_dir):

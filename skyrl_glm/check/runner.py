@@ -8,7 +8,6 @@ the timed steps measure the handoff and not first-call costs), then runs the fiv
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import tempfile
 import time
@@ -123,14 +122,10 @@ def check_device(device: str) -> None:
     match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
     if match is None:
         raise UsageError(f"unknown device {device!r}: use cpu, cuda or cuda:N")
-    from skyrl_glm.sync.vllm.engine_env import SLOT_REPLAY_ENV, gpu_environment_settings, slot_replay_on
+    from skyrl_glm.sync.vllm.engine_env import environment_problem
 
-    try:  # what an engine reads from the environment, read before anything starts
-        slot_replay_on(os.environ.get(SLOT_REPLAY_ENV))
-        if device != "cpu":
-            gpu_environment_settings()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    if problem := environment_problem(gpu=device != "cpu"):  # what an engine reads, read before anything starts
+        raise UsageError(problem)
     if device == "cpu":
         return
     import torch

@@ -297,6 +297,7 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
     from skyrl_glm.skyrl.config.validation import missing_data
     from skyrl_glm.skyrl.run.run_log import log_to_stderr
     from skyrl_glm.sync.vllm.control import setting_problem
+    from skyrl_glm.sync.vllm.engine_env import environment_problem
     from skyrl_glm.usage import PROG, print_error
 
     log_to_stderr()
@@ -309,6 +310,8 @@ def run_command(args: Sequence[str], verbose: bool = False) -> int:
             raise ConfigError(problem)
         engine = cfg.generator.inference_engine
         if problem := missing_data(cfg.data) or use_key_dir(cfg.trainer, engine) or setting_problem(makes_its_own=True):
+            raise ConfigError(problem)
+        if problem := environment_problem(gpu=False):  # the slot replay: SkyRL's engines read it in their workers
             raise ConfigError(problem)
         if not os.environ.get("RAY_ADDRESS") and (
             problem := visible_gpu_problem(cfg.trainer, engine, cpu=cfg.skyrl_glm.cpu)

@@ -59,3 +59,15 @@ def slot_replay_on(value: str | None) -> bool:
     if value == "0":
         return False
     raise ValueError(f"{SLOT_REPLAY_ENV}={value!r}: 1 (the slot replay, the default) or 0 (vLLM's own writes)")
+
+
+def environment_problem(gpu: bool) -> str | None:
+    """The first of these variables whose value an engine would refuse (one line naming it), else None: read by a
+    command before anything starts (the slot replay's everywhere; the memory settings where engines run on GPU)."""
+    try:
+        slot_replay_on(os.environ.get(SLOT_REPLAY_ENV))
+        if gpu:
+            gpu_environment_settings()
+    except ValueError as e:
+        return str(e)
+    return None
