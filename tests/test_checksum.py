@@ -3,6 +3,7 @@ with a packed stream. (``test_checksum_gpu.py`` checks the Triton kernel against
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from packed_streams import packed
 
@@ -19,6 +20,11 @@ def _stream() -> tuple[torch.Tensor, list, list[torch.Tensor]]:
     return (*packed(tensors), tensors)
 
 
+def _each(digits: str) -> list[str]:
+    """The per-span checksums of span_checks' one string (16 hex digits each)."""
+    return [digits[i : i + 16] for i in range(0, len(digits), 16)]
+
+
 def _reference(t: torch.Tensor) -> str:
     """The checksum's definition, written plainly: int64 sums of the int32 words (zero-padded), then modulo 2**32."""
     raw = t.reshape(-1).view(torch.uint8)
@@ -31,17 +37,18 @@ def _reference(t: torch.Tensor) -> str:
 def test_checks_follow_the_definition_and_find_every_non_finite_span():
     stream, spans, tensors = _stream()
     sums, finite = span_checks(stream, spans)
-    assert sums == [_reference(t) for t in tensors]  # int32 lanes wrap; the definition is modulo 2**32
-    assert [i for i, ok in enumerate(finite) if not ok] == [70, 77]
-    assert span_checks(stream, spans, finite=False) == (sums, [True] * len(spans))
-    assert checksums(tensors) == sums
+    assert sums == "".join(_reference(t) for t in tensors)  # int32 lanes wrap; the definition is modulo 2**32
+    assert np.flatnonzero(~finite).tolist() == [70, 77]
+    unchecked = span_checks(stream, spans, finite=False)
+    assert unchecked[0] == sums and unchecked[1].all() and len(unchecked[1]) == len(spans)
+    assert "".join(checksums(tensors)) == sums and len(checksums(tensors)) == len(tensors)
 
 
 def test_one_flipped_bit_changes_only_its_tensor():
     stream, spans, _ = _stream()
-    before = span_checks(stream, spans)[0]
+    before = _each(span_checks(stream, spans)[0])
     stream[spans[41][0] + 5] ^= 4
-    after = span_checks(stream, spans)[0]
+    after = _each(span_checks(stream, spans)[0])
     assert [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b] == [41]
 
 
@@ -68,10 +75,10 @@ def _runs_stream() -> tuple[torch.Tensor, list, list[torch.Tensor]]:
 def test_runs_of_equal_tensors_are_checked_as_each_tensor_alone():
     stream, spans, tensors = _runs_stream()
     sums, finite = span_checks(stream, spans)
-    assert sums == [_reference(t) for t in tensors]
-    assert [i for i, ok in enumerate(finite) if not ok] == [4, 17]
+    assert _each(sums) == [_reference(t) for t in tensors]
+    assert np.flatnonzero(~finite).tolist() == [4, 17]
     for i in (2, 12, 20, 28):  # a flipped bit inside a run changes only its tensor
         flipped = stream.clone()
         flipped[spans[i][0] + min(3, spans[i][1] - 1)] ^= 1
-        after = span_checks(flipped, spans)[0]
-        assert [k for k, (a, b) in enumerate(zip(sums, after, strict=True)) if a != b] == [i]
+        after = _each(span_checks(flipped, spans)[0])
+        assert [k for k, (a, b) in enumerate(zip(_each(sums), after, strict=True)) if a != b] == [i]

@@ -27,11 +27,11 @@ def test_span_checks_triton_equals_cpu():
     stream, spans = _stream()
     cpu = span_checks(stream, spans)
     gpu = span_checks(stream.cuda(), spans)
-    assert gpu == cpu
+    assert gpu[0] == cpu[0] and (gpu[1] == cpu[1]).all()
     assert [i for i, ok in enumerate(cpu[1]) if not ok] == [2, 3, 40]
     stream[spans[100][0] + 3] ^= 1  # one flipped bit changes exactly that tensor's checksum
     flipped = span_checks(stream.cuda(), spans)[0]
-    assert [i for i, (a, b) in enumerate(zip(cpu[0], flipped, strict=True)) if a != b] == [100]
+    assert [i for i in range(len(spans)) if cpu[0][16 * i : 16 * i + 16] != flipped[16 * i : 16 * i + 16]] == [100]
 
 
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "odd-bytes"])
@@ -56,7 +56,7 @@ def test_fingerprints_cuda_equal_cpu_and_checksums():
     cpu = fingerprints(tensors)
     gpu = fingerprints([t.cuda() for t in tensors])
     assert (gpu == cpu).all()
-    assert checksums([t.cuda() for t in tensors[:-1]]) == span_checks(stream, spans)[0]
+    assert "".join(checksums([t.cuda() for t in tensors[:-1]])) == span_checks(stream, spans)[0]
 
 
 def _export(copies: bool, device: str) -> dict[str, torch.Tensor]:

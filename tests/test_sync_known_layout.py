@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from skyrl_glm.sync import aliases, receiver
-from skyrl_glm.sync.manifest import Manifest
+from skyrl_glm.sync import manifest as manifest_module
+from skyrl_glm.sync.manifest import Manifest, ManifestError
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver, UpdateRejected
 from skyrl_glm.sync.transports.shm import SharedMemoryTransport
@@ -215,3 +216,51 @@ def test_a_reordered_but_equal_layout_is_validated_in_full_and_accepted():
     text = edited(p, lambda d: d.update(layout=dict(reversed(d["layout"].items()))))
     assert not Manifest.from_json(text, known=rx.known).same_layout(rx.known)
     assert send(rx, p, text).version == 2
+
+
+def outcome(text: str, known: Manifest | None):
+    """What from_json makes of ``text``: the manifest's fields, or the refusal."""
+    try:
+        m = Manifest.from_json(text, known=known)
+    except ManifestError as e:
+        return "refused", str(e)
+    fields = ("version", "checksums", "extra", "lora_name", "adapter_config", "tensors", "aliases", "alias_runs")
+    return tuple(getattr(m, f) for f in fields)
+
+
+def test_the_layout_of_an_identical_layout_is_not_even_parsed(monkeypatch):
+    """The sender writes the layout's text unchanged each update: the receiver compares that text with the known
+    layout's and parses only the fields around it (control: the parses' sizes, and the known objects handed on)."""
+    rx = warm()
+    p = plan(2, seed=1)
+    text = p.manifest.to_json()
+    parsed: list[int] = []
+    real = manifest_module.json.loads
+    monkeypatch.setattr(manifest_module.json, "loads", lambda s, *a, **k: parsed.append(len(s)) or real(s, *a, **k))
+    got = Manifest.from_json(text, known=rx.known)
+    assert parsed and max(parsed) < len(rx.known.layout_json)  # the fields around the layout, not the layout
+    assert got.aliases is rx.known.aliases and got.same_layout(rx.known) and got.version == 2
+    monkeypatch.undo()
+    assert outcome(text, rx.known) == outcome(text, None)  # as the full parse reads it
+    assert send(rx, p).version == 2
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        lambda t: t[:-1] + ',"layout":{}}',  # a second layout after extra: JSON keeps the last one
+        lambda t: '{"layout":{},' + t[1:],  # a second layout before: the last one (the known one) counts
+        lambda t: '{"x":1,' + t[1:],  # a field the manifest does not have
+        lambda t: t.replace(',"extra":', '},"extra":', 1),  # the layout's object closed twice: not JSON
+        lambda t: t.replace('{"format"', '{"n":{"format"', 1).replace(',"layout":', '},"layout":', 1),  # nested
+        lambda t: t.replace(',"extra":{}}', ',"extra":{"a":[1,2]}}'),  # extra with values: still only extra
+        lambda t: t + " ",  # trailing whitespace: JSON allows it
+        lambda t: t + "x",  # trailing garbage
+    ],
+    ids=["layout-after", "layout-before", "unknown-field", "not-json", "nested", "extra-values", "space", "garbage"],
+)
+def test_text_around_the_known_layout_is_read_exactly_as_the_full_parse_reads_it(hostile):
+    """Whatever surrounds the known layout's text, the manifest (or the refusal) is the full parse's."""
+    rx = warm()
+    text = hostile(plan(2, seed=1).manifest.to_json())
+    assert outcome(text, rx.known) == outcome(text, None)

@@ -292,7 +292,7 @@ def _build_plan(
     t5 = time.perf_counter()
     sums, _ = span_checks(buffer, laid.spans, finite=False)
     t6 = time.perf_counter()
-    manifest = laid.manifest.with_update(version, "".join(sums))
+    manifest = laid.manifest.with_update(version, sums)
     timings = {
         "dedup_s": t1 - t0,
         "pack_s": t3 - t2 + t5 - t4,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_aliases
 
@@ -176,14 +177,14 @@ class AdapterReceiver:
         t2 = time.perf_counter()
         if verify:
             got, finite = span_checks(staging, manifest.spans)
-            if "".join(got) != manifest.checksums:
-                i = next(i for i, cs in enumerate(got) if cs != manifest.checksum(i))
+            if got != manifest.checksums:
+                i = next(i for i in range(len(manifest.tensors)) if manifest.checksum(i, got) != manifest.checksum(i))
                 name = manifest.tensors[i].name
                 raise UpdateRejected(f"checksum mismatch on {name!r} (corrupt or partial transfer)")
-            if not all(finite):
-                bad_names = [e.name for e, ok in zip(manifest.tensors, finite, strict=True) if not ok]
-                more = "..." if len(bad_names) > 3 else ""
-                raise UpdateRejected(f"non-finite values (NaN/inf) in {bad_names[:3]}{more}")
+            if not finite.all():
+                bad = np.flatnonzero(~finite)
+                names = [manifest.tensors[i].name for i in bad[:3]]
+                raise UpdateRejected(f"non-finite values (NaN/inf) in {names}{'...' if len(bad) > 3 else ''}")
         t3 = time.perf_counter()
         try:
             if self.layout == PER_EXPERT:
