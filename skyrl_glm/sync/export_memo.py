@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ from skyrl_glm.sync.dedup import Dedup
 log = logging.getLogger(__name__)
 
 VERIFY_EVERY = 16  # syncs per full export (the memo's own check) once it has learned
+_shape, _dtype = operator.attrgetter("shape"), operator.attrgetter("dtype")
+_stride, _device, _offset = torch.Tensor.stride, torch.Tensor.get_device, torch.Tensor.storage_offset
 
 
 @dataclass(frozen=True)
@@ -94,15 +97,17 @@ class ExportMemo:
 
     @staticmethod
     def _kinds(params: Sequence[torch.Tensor]) -> list[tuple[Any, ...]]:
-        return [(p.shape, p.stride(), p.dtype, p.device) for p in params]
+        """Each parameter's shape, strides, dtype and device index, read by C-level maps (no Python step per
+        parameter: 25,000 of them at ``grouped:64``)."""
+        kinds = zip(map(_shape, params), map(_stride, params), map(_dtype, params), map(_device, params), strict=True)
+        return list(kinds)
 
     def _rebuilt(self, params: Sequence[torch.Tensor]) -> Dedup:
         assert self.last is not None
-        tensors = [
-            p.as_strided(s.shape, s.strides, p.storage_offset() + s.offset)
-            for s in self.sources
-            for p in (params[s.param],)
-        ]
+        owners = [params[s.param] for s in self.sources]
+        starts = map(operator.add, map(_offset, owners), (s.offset for s in self.sources))
+        shapes, strides = (s.shape for s in self.sources), (s.strides for s in self.sources)
+        tensors = map(torch.Tensor.as_strided, owners, shapes, strides, starts)
         return dataclasses.replace(self.last, unique=dict(zip(self.last.unique, tensors, strict=True)))
 
     def learn(self, dedup: Dedup, params: Sequence[torch.Tensor]) -> bool:

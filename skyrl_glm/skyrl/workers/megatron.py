@@ -142,14 +142,17 @@ def unique_adapter(
         bound = None if shared_storage else slice_bytes  # declared sharing sends every storage: no bytes to count
         stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=bound)
         with paused_gc():  # the stream's pairs are short-lived: a collection would only walk what the slices hold
-            dedup = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes, memo=memo)
-        prefolded = stream.prefolded
+            found = deduplicate(stream, shared_storage=shared_storage, slice_bytes=slice_bytes, memo=memo)
+        # the names vLLM loads, made once per full export: the memo hands them on (a rule per group of experts:
+        # 25,000 rules at grouped:64, whose renaming cost more than the rest of a recalled sync)
+        dedup = found.prefixed(PEFT_PREFIX)
+        prefolded = {PEFT_PREFIX + n for n in stream.prefolded}
         if export_memo is not None:  # a tensor the stream converted is a view of no parameter: nothing to learn
             export_memo.learn(dedup, () if prefolded else params)
     todo = {n: t for n, t in dedup.unique.items() if n not in prefolded}
     folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
     dedup.unique.update(folded)
-    return dedup.prefixed(PEFT_PREFIX)
+    return dedup
 
 
 def _peak_bytes(device: torch.device) -> int | None:
