@@ -242,6 +242,35 @@ def test_gpu_verify_variants_add_their_overrides(tmp_path: Path) -> None:
     assert f"trainer.log_path={out}/runs/train_glm53_noprefix_dense/logs" in log
 
 
+def test_gpu_verify_stopped_from_outside_stops_its_lanes_and_packs_what_they_wrote(tmp_path: Path) -> None:
+    """A call's time limit signals gpu-verify, not its lanes (each runs in a session of its own): the lanes must be
+    stopped there, or their engines keep the GPU into the next call. A stand-in ``skyrl-glm`` that runs for minutes
+    is the lane's step."""
+    import signal
+    import subprocess
+    import time
+
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    started = tmp_path / "started"
+    (bin_dir / "skyrl-glm").write_text(f"#!/bin/sh\necho $$ > {started}\nexec sleep 300\n")
+    (bin_dir / "skyrl-glm").chmod(0o755)
+    env = {**os.environ, "OUT": str(out), "GPU_BUDGET_S": "120", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "scripts" / "gpu-verify"), "train_glm53"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    step = int(started.read_text())
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=60)
+    assert "lane train_glm53: stopped from outside in train_glm53" in stdout, stdout
+    with pytest.raises(ProcessLookupError):
+        os.kill(step, 0)  # the step is gone, not left running beside the next call
+    assert (out / "results.tar.gz").is_file()
+
+
 def _archive(kit_dir: Path, archive: str, data: bytes, part_bytes: int = 4096) -> None:
     """``data`` (already compressed, or not: a damaged kit) as the archive's parts, with every sha256 right."""
     import hashlib
