@@ -214,7 +214,7 @@ def test_gpu_verify_refuses_a_bad_kv_cache_size_before_anything(tmp_path: Path) 
     assert not (tmp_path / "out").exists()  # nothing made or run
 
 
-def _gpu_verify_with_stand_in(tmp_path: Path, lane: str) -> tuple[Any, Path]:
+def _gpu_verify_with_stand_in(tmp_path: Path, lane: str, **extra_env: str) -> tuple[Any, Path]:
     """``scripts/gpu-verify LANE`` with a stand-in ``skyrl-glm`` on PATH that prints the arguments it was given (the
     plumbing is under test, not SkyRL's loop): the finished process and its ``$OUT``."""
     import subprocess
@@ -224,7 +224,7 @@ def _gpu_verify_with_stand_in(tmp_path: Path, lane: str) -> tuple[Any, Path]:
     (bin_dir / "skyrl-glm").write_text('#!/bin/sh\necho "args: $*"\n')
     (bin_dir / "skyrl-glm").chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "GPU_BUDGET_S": "30", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "OUT": str(out), "GPU_BUDGET_S": "30", "PATH": f"{bin_dir}:{os.environ['PATH']}", **extra_env}
     script = str(ROOT / "scripts" / "gpu-verify")
     return subprocess.run(["bash", script, lane], capture_output=True, text=True, env=env, timeout=60), out
 
@@ -240,6 +240,18 @@ def test_gpu_verify_variants_add_their_overrides(tmp_path: Path) -> None:
     assert "generator.inference_engine.enable_prefix_caching=false" in log
     assert "target_modules=[q_a_proj," in log and "mlp.experts" not in log
     assert f"trainer.log_path={out}/runs/train_glm53_noprefix_dense/logs" in log
+
+
+def test_gpu_verify_syncs_the_adapter_of_every_grouping_the_load_serves(tmp_path: Path) -> None:
+    """A ``grouped:G`` layout serves an adapter of G groups per layer, sent by a sender of its own: the sync step
+    sends the one-per-layer adapter and each grouping of ``LOAD_LAYOUTS`` once, each to its own report."""
+    done, out = _gpu_verify_with_stand_in(tmp_path, "sync", LOAD_LAYOUTS="shared-all,grouped:64,grouped:4,grouped:4")
+    assert "sync: exit 0 in " in done.stdout, done.stdout
+    with tarfile.open(out / "results.tar.gz") as tar:
+        log = tar.extractfile("logs/sync.log").read().decode()  # type: ignore[union-attr]
+    sent = [line for line in log.splitlines() if line.startswith("args: bench sync")]
+    assert [line.split("--expert-groups ")[1].split()[0] for line in sent] == ["1", "4", "64"], log
+    assert "ipc_full_bridge_stream.json" in sent[0] and "ipc_full_bridge_stream_g64.json" in sent[2]
 
 
 def test_gpu_verify_stopped_from_outside_stops_its_lanes_and_packs_what_they_wrote(tmp_path: Path) -> None:
