@@ -66,6 +66,25 @@ def test_a_mac_of_the_wrong_form_is_unsigned_not_a_type_error(mac):
         control.verify("skyrl_glm_staged", (mac,), {}, (0, 0))
 
 
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (("m", ("ab", "c")), ("m", ("a", "bc"))),  # where one string ends and the next begins
+        (("m", ("x",)), ("mx", ())),  # the method and its arguments
+        (("m", ("1",)), ("m", (1,))),  # a string and the JSON value it spells
+        (("m", ('{"a":1}',)), ("m", ({"a": 1},))),
+        (("m", ("\ud800",)), ("m", ("?",))),  # a lone surrogate is its own code point, not a replacement
+        (("m", ("é",)), ("m", ("e\u0301",))),  # no normalisation
+    ],
+)
+def test_the_mac_tells_apart_every_two_distinct_calls(one, other):
+    """Strings are framed by kind and length and hashed as their own bytes (a manifest of megabytes is not
+    re-encoded as JSON): the framing must stay injective, or one signed call would also sign another."""
+    key = bytes(range(control.KEY_BYTES))
+    assert control._mac(key, *one) != control._mac(key, *other)
+    assert control._mac(key, *one) == control._mac(key, *one)
+
+
 @pytest.mark.parametrize("ending", ["pass", "raise SystemExit(1)", "raise RuntimeError('failed run')"])
 def test_the_key_a_process_made_is_gone_when_it_exits(ending):
     script = (

@@ -151,8 +151,19 @@ def is_mac(value: Any) -> bool:
 
 
 def _mac(key: bytes, method: str, args: Sequence[Any]) -> str:
-    message = json.dumps([method, list(args)], sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+    """HMAC-SHA256 of the call: the method and each argument framed by a kind and its length (an injective
+    encoding), a string as its own UTF-8 bytes (lone surrogates passed through), anything else as canonical JSON. A
+    manifest is a string of up to megabytes: re-encoding it as JSON took 17 ms at 7.7 MB on this CPU, per side."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for kind, arg in (("m", method), *(("a", a) for a in args)):
+        if isinstance(arg, str):
+            data, tag = arg.encode("utf-8", "surrogatepass"), kind + "s"
+        else:
+            data = json.dumps(arg, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+            tag = kind + "j"
+        mac.update(tag.encode() + len(data).to_bytes(8, "big"))
+        mac.update(data)
+    return mac.hexdigest()
 
 
 def signed(method: str, args: Sequence[Any]) -> tuple[Any, ...]:
