@@ -6,10 +6,10 @@ key (:func:`sender_key`) in a file only its user can read (mode 0600 in a 0700 d
 ``SKYRL_GLM_CONTROL_KEY_FILE``; the engines and workers it starts inherit the name and read the key
 (:func:`receiver_key`). The key itself is never on a command line, in an environment variable or in a log.
 
-A call's first argument is ``HMAC-SHA256(key, JSON [method, args])`` (:func:`signed`); the worker recomputes it over
-what it received and compares with :func:`hmac.compare_digest` (:func:`verify`). A MAC rather than the key as a
-password: a call seen on the wire cannot be altered, and the receiver's own state (versions only grow, only names
-it staged can be committed or dropped) makes a replayed one a no-op.
+A call's first argument is ``HMAC-SHA256(key, method and args)`` (:func:`signed`, framed by :func:`_mac`); the
+worker recomputes it over what it received and compares with :func:`hmac.compare_digest` (:func:`verify`). A MAC
+rather than the key as a password: a call seen on the wire cannot be altered, and the receiver's own state (versions
+only grow, only names it staged can be committed or dropped) makes a replayed one a no-op.
 """
 
 from __future__ import annotations
