@@ -9,6 +9,7 @@ really used.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -264,3 +265,18 @@ def test_text_around_the_known_layout_is_read_exactly_as_the_full_parse_reads_it
     rx = warm()
     text = hostile(plan(2, seed=1).manifest.to_json())
     assert outcome(text, rx.known) == outcome(text, None)
+
+
+def test_a_checksum_mismatch_names_the_tensor_it_is_in():
+    """The checksums are compared as one string; the reason names the tensor whose 16 digits differ first."""
+    rx = warm()
+    p = plan(2, seed=1)
+    names = [t.name for t in p.manifest.tensors]
+    for k in (1, len(names) - 1):
+        digits = list(p.manifest.checksums)
+        digits[16 * k + 7] = "0" if digits[16 * k + 7] != "0" else "1"
+        new = "".join(digits)
+        text = edited(p, lambda d, new=new: d.update(checksums=new))
+        with pytest.raises(UpdateRejected, match=f"checksum mismatch on '{re.escape(names[k])}'"):
+            send(rx, p, text)
+    assert send(rx, p).version == 2

@@ -305,9 +305,9 @@ class Manifest:
         layout, since the memo of :meth:`from_json` hands them on)."""
         return list(chain.from_iterable(run.names() for run in self.alias_runs))
 
-    def checksum(self, i: int, checksums: str | None = None) -> str:
-        """Tensor ``i``'s checksum in this manifest's ``checksums`` (or in ``checksums``, of the same form)."""
-        return (self.checksums if checksums is None else checksums)[i * CHECKSUM_CHARS : (i + 1) * CHECKSUM_CHARS]
+    def checksum(self, i: int) -> str:
+        """Tensor ``i``'s checksum."""
+        return self.checksums[i * CHECKSUM_CHARS : (i + 1) * CHECKSUM_CHARS]
 
     def same_layout(self, other: Manifest | None) -> bool:
         """Whether both were parsed from one layout (``from_json`` with ``known=other`` reused ``other``'s)."""

@@ -18,7 +18,7 @@ from skyrl.backends.skyrl_train.weight_sync.lora_target import expand_lora_alias
 
 from skyrl_glm.sync.checksum import span_checks
 from skyrl_glm.sync.expert_layout import PER_EXPERT, Arrangement, LayoutError
-from skyrl_glm.sync.manifest import Manifest, ManifestError, views
+from skyrl_glm.sync.manifest import CHECKSUM_CHARS, Manifest, ManifestError, views
 from skyrl_glm.sync.nogc import paused_gc
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
@@ -178,7 +178,8 @@ class AdapterReceiver:
         if verify:
             got, finite = span_checks(staging, manifest.spans)
             if got != manifest.checksums:
-                i = next(i for i in range(len(manifest.tensors)) if manifest.checksum(i, got) != manifest.checksum(i))
+                first = next(k for k, (a, b) in enumerate(zip(got, manifest.checksums, strict=True)) if a != b)
+                i = first // CHECKSUM_CHARS
                 name = manifest.tensors[i].name
                 raise UpdateRejected(f"checksum mismatch on {name!r} (corrupt or partial transfer)")
             if not finite.all():
