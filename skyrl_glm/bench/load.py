@@ -241,15 +241,15 @@ def _batches(text: str | None) -> list[int] | None:
     return batches
 
 
-def _sync_reports(text: str | None) -> list[str] | None:
+def _sync_reports(text: str | None) -> list[dict[str, Any]] | None:
     """The ``--sync-json`` files, each read now (a bad one is refused before any engine starts): ``bench sync``
     reports with our path's stages, at most one per expert grouping."""
     if text is None:
         return None
     from skyrl_glm.bench.load_layouts import sync_groups
 
-    paths, seen = text.split(","), {}
-    for path in paths:
+    reports, seen = [], {}
+    for path in text.split(","):
         try:
             report = json.loads(Path(path).read_text())
             ours = report["paths"]["ours"]
@@ -260,7 +260,8 @@ def _sync_reports(text: str | None) -> list[str] | None:
         if groups in seen:
             raise UsageError(f"--sync-json: {seen[groups]} and {path} both send {groups} expert group(s) per layer")
         seen[groups] = path
-    return paths
+        reports.append(report)
+    return reports
 
 
 def _cmd_bench_load(args: argparse.Namespace) -> int:
@@ -272,7 +273,7 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
         decode = _batches(args.decode)
         if not 1 <= args.max_loras <= 16:
             raise UsageError(f"--max-loras must be in 1..16, got {args.max_loras}")
-        sync_json = _sync_reports(args.sync_json)
+        syncs = _sync_reports(args.sync_json)
         if (decode or args.max_loras != 2) and layouts is None:
             raise UsageError("--decode and --max-loras are measured per layout: add --layouts")
         if layouts is not None and NO_ADAPTER in layouts and not decode:
@@ -303,7 +304,7 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
 
         with Phases(Console(stderr=True), prefix="bench load") as phases:
             report = run_layout_bench(
-                layers, layouts, args.rounds, args.warmup, args.rank, sync_json, args.max_loras, decode,
+                layers, layouts, args.rounds, args.warmup, args.rank, syncs, args.max_loras, decode,
                 progress=phases.line, after_layout=keep,
             )  # fmt: skip
         print_layout_report(report)

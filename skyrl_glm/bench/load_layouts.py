@@ -36,7 +36,6 @@ the baseline.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -253,7 +252,7 @@ def run_layout_bench(
     rounds: int,
     warmup: int,
     rank: int,
-    sync_json: list[str] | None = None,
+    syncs: list[dict[str, Any]] | None = None,
     max_loras: int = 2,
     decode: list[int] | None = None,
     progress: Callable[[str], None] = lambda line: None,
@@ -347,8 +346,8 @@ def run_layout_bench(
             )
             after_layout(report)
     report["complete"] = True
-    if sync_json:
-        report["end_to_end_75"] = end_to_end(report, [json.loads(Path(p).read_text()) for p in sync_json])
+    if syncs:
+        report["end_to_end_75"] = end_to_end(report, syncs)
     return report
 
 
@@ -394,7 +393,7 @@ def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str,
     for layout, r in report["layouts"].items():
         if (load := at_75(layout, "load_s")) is None:
             continue
-        sync = by_groups.get(int(r.get("expert_groups") or 1) if layout.startswith("grouped:") else 1)
+        sync = by_groups.get(int(r.get("expert_groups") or 1))  # 1 for every layout but grouped:G
         if sync is None:
             no_sync.append(layout)
             continue
