@@ -24,6 +24,14 @@ def test_the_fit_is_exact_on_a_line_and_shows_the_residuals_otherwise() -> None:
     assert bent["residuals"] == pytest.approx([-2 / 300, 4 / 300, -2 / 300])  # a bend is shown, not hidden
 
 
+def test_a_falling_fit_is_held_flat_at_the_mean() -> None:
+    """A flat stage's jitter must not extrapolate to a negative cost at 75 layers (it did: -6 ms for a ~5 ms load)."""
+    flat = L.fit_line([1, 3, 5], [0.0053, 0.0047, 0.0047], 75)
+    assert flat["held"] and flat["slope"] == 0.0
+    assert flat["value"] == pytest.approx(0.0049) and flat["intercept"] == pytest.approx(0.0049)
+    assert not L.fit_line([1, 3, 5], [0.0034, 0.0038, 0.0048], 75)["held"]
+
+
 def test_slot_bytes_scale_per_part_to_the_full_model() -> None:
     slots = {"routed_experts": 4 * 6 * 100, "other": 2 * 9 * 10, "max_loras": 2}  # 6 MoE layers of 9
     assert L.slots_at_full_size(slots, moe_layers=6, layers=9) == 2 * 100 * 75 + 10 * 78
