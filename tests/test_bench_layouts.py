@@ -114,6 +114,30 @@ def test_a_grouped_layout_takes_the_sender_of_its_own_grouping_or_no_row() -> No
     assert both["no_sync"] == [] and [s["expert_groups"] for s in both["syncs"]] == [1, 4]
 
 
+def test_an_engine_that_served_75_layers_gives_the_handoff_as_measured_there() -> None:
+    """With the experts narrowed the engine holds all 75 MoE layers: the handoff then takes the medians measured at
+    75 (a fit of 1..75 would smooth a measurement into a line), and says so per row."""
+    report = _made_up_report()
+    shared = report["layouts"]["shared-outer"]
+    shared["medians_s"]["75"] = {s: 0.5 + i for i, s in enumerate(L.STAGES)}  # far off the made-up line
+    row = L.end_to_end(report, [SYNC])["rows"]["skyrl-glm, shared-outer"]
+    assert row["engine_at_75"] == "measured" and row["receive_s"] == 0.5
+    assert row["load_and_activation_s"] == pytest.approx(1.5 + activation(shared))
+    assert L.end_to_end(report, [SYNC])["rows"]["skyrl-glm, per-expert"]["engine_at_75"] == "fit"
+
+
+def test_narrowed_experts_keep_every_name_and_shrink_only_the_expert_width() -> None:
+    from skyrl_glm.bench.synthetic import BenchOptions, model_config, synthetic_adapter
+
+    full = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=1, rank=4))
+    narrow = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=1, rank=4, expert_width=64))
+    assert narrow.names == full.names and narrow.unique.keys() == full.unique.keys()
+    changed = {k for k in full.unique if full.unique[k].shape != narrow.unique[k].shape}
+    assert changed and all("experts" in k for k in changed)  # attention and the dense layers as GLM-5.3's
+    assert {2048} == {d for k in changed for d in full.unique[k].shape if d not in narrow.unique[k].shape}
+    assert model_config("glm-5.3", "full", 75, 64)[1].moe_intermediate_size == 64
+
+
 def test_the_decode_table_shows_each_layout_against_the_engine_without_lora(tmp_path, capsys) -> None:
     report = _made_up_report()
     report.update(decode_batches=[1, 256], decode_new_tokens=L.DECODE_TOKENS)
@@ -143,6 +167,22 @@ def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
     assert (tmp_path / "layouts.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_narrowed_experts_give_no_slot_memory_at_75(tmp_path, capsys) -> None:
+    """Narrowed experts have narrowed slots: the table and the plot show the engine's own, never a GLM-5.3 figure."""
+    report = _made_up_report()
+    report["expert_width"] = 64
+    for r in report["layouts"].values():
+        if "slots" in r:
+            r["slot_bytes_per_adapter_at_75"] = None
+    L.print_layout_report(report)
+    out = capsys.readouterr().out
+    memory_rows = [line for line in out.splitlines() if "GiB" in line]
+    assert "experts 64 wide" in out and len(memory_rows) == 2
+    assert all(line.rstrip().endswith("- │") for line in memory_rows)
+    L.plot_layout_report(report, str(tmp_path / "narrow.png"))
+    assert (tmp_path / "narrow.png").read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -156,6 +196,9 @@ def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
         (["--config", "full", "--layouts", "grouped:4", "--sync-json", "{missing}"], "not a bench sync --json report"),
         (["--config", "full", "--layouts", "grouped:4", "--sync-json", "{bad}"], "bad.json: not a bench sync --json"),
         (["--config", "full", "--layouts", "grouped:4", "--sync-json", "{good},{good}"], "both send 1 expert group"),
+        (["--config", "full", "--layouts", "grouped:4", "--layers", "1,76"], "--layers must be in 1..75"),
+        (["--config", "full", "--layouts", "grouped:4", "--expert-width", "100"], "a multiple of 64 in 64..2048"),
+        (["--config", "full", "--expert-width", "64"], "--expert-width narrows the engine of a layout comparison"),
     ],
 )
 def test_bad_layout_options_are_one_line(args: list[str], message: str, tmp_path) -> None:

@@ -10,13 +10,14 @@ from typing import Any
 NO_ADAPTER = "none"  # --layouts: an engine without LoRA, the decode baseline
 
 
-def full_width_model(directory: Path, layers: int) -> Path:
-    """A config-only GLM-5.3 checkpoint with its 3 dense layers and ``layers`` full-size MoE layers, with the router
-    fields vLLM needs (see :data:`skyrl_glm.models.glm5.ROUTER`); vLLM fills the weights (``load_format="dummy"``)."""
+def full_width_model(directory: Path, layers: int, expert_width: int | None = None) -> Path:
+    """A config-only GLM-5.3 checkpoint with its 3 dense layers and ``layers`` full-size MoE layers (the experts
+    narrowed to ``expert_width``: :func:`~skyrl_glm.bench.synthetic.model_config`), with the router fields vLLM
+    needs (see :data:`skyrl_glm.models.glm5.ROUTER`); vLLM fills the weights (``load_format="dummy"``)."""
     from skyrl_glm.bench.synthetic import model_config
     from skyrl_glm.models.glm5 import ROUTER
 
-    _, config = model_config("glm-5.3", "full", layers)
+    _, config = model_config("glm-5.3", "full", layers, expert_width)
     config.update(ROUTER)
     config.save_pretrained(directory)
     return directory

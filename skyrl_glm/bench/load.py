@@ -278,6 +278,12 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
             raise UsageError("--decode and --max-loras are measured per layout: add --layouts")
         if layouts is not None and NO_ADAPTER in layouts and not decode:
             raise UsageError("--layouts none (an engine without LoRA) is the --decode baseline: add --decode")
+        if args.expert_width is not None and layouts is None:
+            raise UsageError("--expert-width narrows the engine of a layout comparison: add --layouts")
+        if args.config == "full":
+            from skyrl_glm.bench.synthetic import model_config
+
+            model_config("glm-5.3", "full", max(layers), args.expert_width)  # the layer counts and the width
         check_device(args.device)
         if args.config == "full" and (args.device == "cpu" or args.model not in (None, "glm-5.3")):
             raise UsageError("--config full is a full-width GLM-5.3 on vLLM's GPU build: use --device cuda")
@@ -305,7 +311,7 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
         with Phases(Console(stderr=True), prefix="bench load") as phases:
             report = run_layout_bench(
                 layers, layouts, args.rounds, args.warmup, args.rank, syncs, args.max_loras, decode,
-                progress=phases.line, after_layout=keep,
+                progress=phases.line, after_layout=keep, expert_width=args.expert_width,
             )  # fmt: skip
         print_layout_report(report)
         if args.plot:
@@ -353,6 +359,13 @@ def add_parser(sub: Any) -> None:
         "--sync-json",
         default=None,
         help="bench sync --json reports, comma-separated, one per --expert-groups: adds the end-to-end handoff rows",
+    )
+    p.add_argument(
+        "--expert-width",
+        type=int,
+        default=None,
+        help="with --layouts: the routed experts' intermediate size narrowed (e.g. 64), so that all 75 MoE layers "
+        "fit on one GPU and the engine side is measured at 75 (names, modules and other widths as GLM-5.3's)",
     )
     p.add_argument("--plot", default=None, help="with --layouts: write the fit and slot-memory PNG here")
     p.add_argument("--rounds", type=int, default=5, help="timed updates per path (median reported)")

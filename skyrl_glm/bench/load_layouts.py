@@ -10,6 +10,14 @@ adapter already active), ``activation_s`` (the first request's extra over the re
 version cost) and ``to_first_request_s`` (from the publish to the first request's end). Each stage is fitted by
 least squares against the layer count (slope, intercept and residuals shown; the slope not below zero) and read at
 GLM-5.3's 75 MoE layers.
+
+Full-width routed experts take ~19 GB per MoE layer, so one H200 holds 6 of GLM-5.3's 75, and a fit from a few
+layers multiplies their jitter out by 15 or more (measured: two runs' compositions 24 and 58 ms apart).
+``--expert-width W`` narrows the experts' intermediate size alone (:func:`~skyrl_glm.bench.synthetic.model_config`):
+every layer keeps its modules, its 256 experts and their names, the attention and the hidden width, so the engine
+holds all 75 MoE layers and the per-layer work of the receive and the load (per name, per module, per slot) is
+measured at 75 instead of fitted; the adapter's expert factors and slots shrink with the width (their bytes are in
+the report: on the GPU they cost microseconds per layer). Slot memory at 75 is then not GLM-5.3's (left out).
 (The engine holds the largest count, so a smaller adapter leaves some layers' slots to be zeroed when vLLM
 activates it: a memset, left out of the slope.)
 
@@ -198,7 +206,7 @@ def _updates(
     rows: dict[str, dict[int, list[dict[str, float]]]] = {path: {} for path in WRITES}
     checks: list[dict[str, Any]] = []
     try:
-        for layers, (tensors, targets) in adapters.items():
+        for layers, (tensors, targets, _) in adapters.items():
             config = adapter_config(rank, 2 * rank, targets)
             for i in range(warmup + rounds):
                 for path in WRITES:
@@ -240,16 +248,20 @@ def _stages(rows: dict[int, list[dict[str, float]]]) -> dict[str, Any]:
     }
 
 
-def _adapters(layers: list[int], rank: int, groups: int) -> dict[int, Any]:
-    """Per layer count: the public tensors (on the GPU) and targets of an adapter shared by ``groups`` groups of
-    consecutive experts per layer."""
+def _adapters(layers: list[int], rank: int, groups: int, expert_width: int | None) -> dict[int, Any]:
+    """Per layer count: the public tensors (on the GPU), the targets and the unique bytes of an adapter shared by
+    ``groups`` groups of consecutive experts per layer (experts of ``expert_width``, None: the model's)."""
     from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
 
     adapters = {}
     for k in sorted(layers):
-        syn = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=k, rank=rank, expert_groups=groups))
+        opts = BenchOptions(
+            model="glm-5.3", config="full", layers=k, rank=rank, expert_groups=groups, expert_width=expert_width
+        )
+        syn = synthetic_adapter(opts)
         unique = {key: v.to("cuda") for key, v in syn.unique.items()}
-        adapters[k] = ({name: unique[key] for name, key in syn.names.items()}, syn.targets)
+        unique_bytes = sum(t.numel() * t.element_size() for t in unique.values())
+        adapters[k] = ({name: unique[key] for name, key in syn.names.items()}, syn.targets, unique_bytes)
     return adapters
 
 
@@ -264,6 +276,7 @@ def run_layout_bench(
     decode: list[int] | None = None,
     progress: Callable[[str], None] = lambda line: None,
     after_layout: Callable[[dict[str, Any]], None] = lambda report: None,
+    expert_width: int | None = None,
 ) -> dict[str, Any]:
     """Every layout on its own engine, every layer count on each; see the module docstring. ``progress`` gets one
     phase line per wait (:mod:`skyrl_glm.phases`); ``after_layout`` the report so far (``complete`` false) after each
@@ -278,12 +291,14 @@ def run_layout_bench(
     engine_layers = max(layers)
     results: dict[str, Any] = {}
     decode_flag = f" --decode {','.join(map(str, decode))}" if decode else ""
+    width_flag = f" --expert-width {expert_width}" if expert_width else ""
     report: dict[str, Any] = {
         "command": f"skyrl-glm bench load --device cuda --config full --layers {','.join(map(str, layers))} "
-        f"--layouts {','.join(layouts)} --rank {rank} --max-loras {max_loras}{decode_flag}",
+        f"--layouts {','.join(layouts)} --rank {rank} --max-loras {max_loras}{decode_flag}{width_flag}",
         "complete": False,
         "model": "glm-5.3",
         "engine_moe_layers": engine_layers,
+        "expert_width": expert_width,  # None: GLM-5.3's own (2048)
         "layers": sorted(layers),
         "rank": rank,
         "rounds": rounds,
@@ -296,14 +311,14 @@ def run_layout_bench(
     }
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-layouts-") as tmp:
         progress(f"full-width GLM-5.3 with {engine_layers} MoE layers (config only) ...")
-        model_dir = full_width_model(Path(tmp) / "model", engine_layers)
+        model_dir = full_width_model(Path(tmp) / "model", engine_layers, expert_width)
         progress("model written")
         version = 0
         for layout in layouts:
             groups = 1 if layout == NO_ADAPTER else expert_groups(layout) or 1
             if groups not in by_groups:
                 progress(f"{layout}: rank-{rank} adapters of {groups} expert group(s) per layer on the GPU ...")
-                by_groups[groups] = _adapters(layers, rank, groups)
+                by_groups[groups] = _adapters(layers, rank, groups, expert_width)
                 progress(f"{layout}: adapters ready")
             adapters = by_groups[groups]
             report.setdefault("targets", adapters[engine_layers][1])  # the same targets at every grouping
@@ -319,7 +334,12 @@ def run_layout_bench(
             try:
                 engine_s = time.perf_counter() - t0
                 progress(f"{layout}: engine up")
-                results[layout] = {"started": True, "engine_start_s": engine_s, "expert_groups": groups}
+                results[layout] = {
+                    "started": True,
+                    "engine_start_s": engine_s,
+                    "expert_groups": groups,
+                    "adapter_unique_bytes": {str(k): a[2] for k, a in adapters.items()},
+                }
                 if decode:
                     results[layout]["kv_cache_tokens"] = kv_cache_tokens(sampler)
                 if layout == NO_ADAPTER:
@@ -345,7 +365,10 @@ def run_layout_bench(
                 {
                     "slots": slots,
                     "slot_bytes_per_adapter": (slots["routed_experts"] + slots["other"]) / slots["max_loras"],
-                    "slot_bytes_per_adapter_at_75": slots_at_full_size(slots, engine_layers, engine_layers + 3),
+                    # narrowed experts have narrower slots: no GLM-5.3 figure from them
+                    "slot_bytes_per_adapter_at_75": None
+                    if expert_width
+                    else slots_at_full_size(slots, engine_layers, engine_layers + 3),
                     **_stages(by_path["replay"]),
                     "vllm_slot_writes": _stages(by_path["vllm"]),
                     "replay_checks": replay_checks,
@@ -372,10 +395,10 @@ def sync_groups(sync: dict[str, Any]) -> int:
 def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str, Any]:
     """The handoff at 75 layers: ours in each layout that ran is the sync's sender side (a ``bench sync`` report at
     full size of the adapter the layout serves: ``grouped:G`` the one of ``--expert-groups G``, every other layout
-    the one-per-layer adapter's; less its receiver's stages), the layout's engine-side receive and load (fitted)
-    and activation; SkyRL 0.4.0's memory path is its whole sync of the one-per-layer adapter plus the per-expert
-    load and activation (its receiver is its own). A layout whose adapter no report sent gets no row
-    (``no_sync``): a sender of another adapter would misstate it.
+    the one-per-layer adapter's; less its receiver's stages), the layout's engine-side receive and load (as
+    measured where the engine served 75 MoE layers, else fitted) and activation; SkyRL 0.4.0's memory path is its
+    whole sync of the one-per-layer adapter plus the per-expert load and activation (its receiver is its own). A
+    layout whose adapter no report sent gets no row (``no_sync``): a sender of another adapter would misstate it.
 
     The activation is the median over the measured layer counts, not a fit: vLLM copies a new adapter into its slots
     inside ``add_lora`` (``LRUCacheWorkerLoRAManager.add_adapter`` activates it), so that per-layer work is in the
@@ -384,12 +407,15 @@ def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str,
     by_groups = {sync_groups(s): s for s in syncs}
 
     def at_75(layout: str, stage: str) -> float | None:
-        """The stage at 75 layers: its fit, the activation's median; None where the layout's engine did not run."""
+        """The stage at 75 layers: as measured where the engine served 75, else its fit; the activation's median;
+        None where the layout's engine did not run."""
         r = report["layouts"].get(layout, {})
         if "fit_75" not in r:
             return None
         if stage == "activation_s":
             return statistics.median(m[stage] for m in r["medians_s"].values())
+        if measured := r["medians_s"].get(str(FULL_MOE_LAYERS)):
+            return measured[stage]
         return r["fit_75"][stage]["value"]
 
     def sender(sync: dict[str, Any]) -> float:
@@ -409,6 +435,7 @@ def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str,
             "receive_s": at_75(layout, "receive_s"),
             "load_and_activation_s": load + at_75(layout, "activation_s"),
             "sync_expert_groups": sync_groups(sync),
+            "engine_at_75": "measured" if str(FULL_MOE_LAYERS) in r["medians_s"] else "fit",
         }
     one = by_groups.get(1)
     if (load := at_75("per-expert", "load_s")) is not None and one is not None and "skyrl" in one["paths"]:
@@ -431,9 +458,11 @@ def print_layout_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console(width=160)
+    width = f" (experts {report['expert_width']} wide)" if report.get("expert_width") else ""
     table = Table(
         title=f"routed-expert layouts: full-width GLM-5.3, rank {report['rank']}, engine of "
-        f"{report['engine_moe_layers']} MoE layers, max_loras {report['max_loras']}; median of {report['rounds']}"
+        f"{report['engine_moe_layers']} MoE layers{width}, max_loras {report['max_loras']}; "
+        f"median of {report['rounds']}"
     )
     for col in ("layout", "MoE layers", *(s.removesuffix("_s") for s in STAGES)):
         table.add_column(col, justify="right")
@@ -473,16 +502,17 @@ def print_layout_report(report: dict[str, Any]) -> None:
                 f"{s['routed_experts'] / n / gib:.2f} GiB",
                 f"{s['other'] / n / gib:.2f} GiB",
                 f"{r['slot_bytes_per_adapter'] / gib:.2f} GiB",
-                f"{r['slot_bytes_per_adapter_at_75'] / gib:.2f} GiB",
+                "-" if (at_75 := r["slot_bytes_per_adapter_at_75"]) is None else f"{at_75 / gib:.2f} GiB",
             )
     console.print(mem)
     if "end_to_end_75" in report:
         e2e = Table(title="handoff at full GLM-5.3 (75 MoE layers): sync + receive + load + activation")
-        for col in ("path", "sync (sender)", "receive (engine)", "load + activation", "total"):
+        for col in ("path", "sync (sender)", "receive (engine)", "load + activation", "total", "engine at 75"):
             e2e.add_column(col, justify="right")
         keys = ("sync_sender_s", "receive_s", "load_and_activation_s", "total_s")
         for path, row in report["end_to_end_75"]["rows"].items():
-            e2e.add_row(path, *("in sync" if row[k] is None else f"{row[k] * 1e3:.0f} ms" for k in keys))
+            cells = ("in sync" if row[k] is None else f"{row[k] * 1e3:.1f} ms" for k in keys)
+            e2e.add_row(path, *cells, row.get("engine_at_75", "fit"))
         console.print(e2e)
         if missing := report["end_to_end_75"].get("no_sync"):
             console.print(f"no handoff row for {', '.join(missing)}: no --sync-json report of its expert grouping")
@@ -530,8 +560,14 @@ def plot_layout_report(report: dict[str, Any], path: str) -> None:
         ax.plot([0, FULL_MOE_LAYERS], ends, "--", color=line.get_color())
     ax.set(xlabel="MoE layers", ylabel="receive + load in the engine (s)", title="fit to 75 layers (dashed)")
     ax.legend(fontsize=8)
-    bx.bar(list(started), [r["slot_bytes_per_adapter_at_75"] / (1 << 30) for r in started.values()])
-    bx.set(ylabel="GiB", title="LoRA slots per resident adapter at 75 MoE layers")
+    at_75 = {k: r["slot_bytes_per_adapter_at_75"] for k, r in started.items()}
+    if None in at_75.values():  # narrowed experts: the slots as the engine held them
+        at_75 = {k: r["slot_bytes_per_adapter"] for k, r in started.items()}
+        title = f"LoRA slots per resident adapter, {report['engine_moe_layers']} MoE layers, experts narrowed"
+    else:
+        title = "LoRA slots per resident adapter at 75 MoE layers"
+    bx.bar(list(at_75), [v / (1 << 30) for v in at_75.values()])
+    bx.set(ylabel="GiB", title=title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -24,6 +24,7 @@ class BenchOptions:
     dtype: str = "bf16"
     share_experts: bool = True
     expert_groups: int = 1  # with share_experts: one adapter per group of E/G consecutive experts
+    expert_width: int | None = None  # the routed experts' intermediate size, narrowed (model_config)
     copies: bool = False
     exporter: str = "resident"  # resident | bridge-stream | bridge
     transport: str = HOST_LOCAL
@@ -80,9 +81,14 @@ def _check_device(flag: str, name: str) -> None:
 # ----------------------------------------------------------------------------------------------- synthetic adapter
 
 
-def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]:
+EXPERT_WIDTH_STEP = 64  # a narrowed expert width stays a whole number of the fused-MoE kernels' column blocks
+
+
+def model_config(model: str, config: str, layers: int | None, expert_width: int | None = None) -> tuple[Any, Any]:
     """The registered family and its tiny or full HF (text) config, cut to ``layers`` MoE layers when asked, naming
-    its architecture as a checkpoint's config does."""
+    its architecture as a checkpoint's config does. ``expert_width`` narrows the routed (and shared) experts'
+    intermediate size alone: every layer keeps its modules, experts, names and other widths, so a full-width
+    GLM-5.3's 75 MoE layers fit on one GPU (its experts take ~19 GB per layer at 2048)."""
     from skyrl_glm.lora.bridge import layer_is_moe, text_config
     from skyrl_glm.plugins import registry
 
@@ -97,6 +103,14 @@ def model_config(model: str, config: str, layers: int | None) -> tuple[Any, Any]
             if isinstance(getattr(cfg, attr, None), list):
                 setattr(cfg, attr, getattr(cfg, attr)[:keep])
         cfg.num_hidden_layers = keep
+    if expert_width is not None:
+        full = int(cfg.moe_intermediate_size)
+        if not (0 < expert_width <= full and expert_width % EXPERT_WIDTH_STEP == 0):
+            raise UsageError(
+                f"--expert-width must be a multiple of {EXPERT_WIDTH_STEP} in {EXPERT_WIDTH_STEP}..{full} for "
+                f"{model}'s {config} config, got {expert_width}"
+            )
+        cfg.moe_intermediate_size = expert_width
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.model_type)
@@ -118,7 +132,7 @@ class Synthetic:
 def synthetic_adapter(opts: BenchOptions) -> Synthetic:
     from skyrl_glm.lora.bridge import bridge_export_specs, synthetic_values
 
-    family, cfg = model_config(opts.model, opts.config, opts.layers)
+    family, cfg = model_config(opts.model, opts.config, opts.layers, opts.expert_width)
     targets = family.lora.resolve(sampler="vllm")
     specs = bridge_export_specs(
         cfg,
