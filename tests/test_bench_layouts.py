@@ -68,10 +68,21 @@ def _made_up_report() -> dict:
     }
 
 
+def _sender_runs(*totals: float) -> list[dict]:
+    """Timed rounds of a sync whose sender's stages add up to ``totals`` (pack inside the report's transfer)."""
+    return [
+        {"sender": {"dedup_s": t - 0.01, "pack_s": 0.01, "export_s": None}, "receiver": {"verify_s": 1}} for t in totals
+    ]
+
+
 SYNC = {
     "command": "skyrl-glm bench sync",
     "paths": {
-        "ours": {"total_s": 0.2, "stages_s": {"dedup": 0.1, "transfer": 0.01, "verify": 0.005, "rebuild": 0.015}},
+        "ours": {
+            "total_s": 0.2,
+            "stages_s": {"dedup": 0.1, "transfer": 0.01, "verify": 0.005, "rebuild": 0.015},
+            "runs": _sender_runs(0.18, 0.16, 0.17),
+        },
         "skyrl": {"total_s": 0.4, "stages_s": {"dedup": 0.3, "transfer": 0.05}},
     },
 }
@@ -90,7 +101,8 @@ def test_end_to_end_rows_add_the_sync_to_the_fitted_load_and_the_measured_activa
     shared = report["layouts"]["shared-outer"]
     fit = shared["fit_75"]
     # the sync's own receiver stages (per-expert names in its process) give way to the layout's engine-side receive
-    want = 0.2 - 0.03 + fit["receive_s"]["value"] + fit["load_s"]["value"] + activation(shared)
+    # the sender's own stages, the median of its rounds: its pack counted (the report's transfer stage holds it)
+    want = 0.17 + fit["receive_s"]["value"] + fit["load_s"]["value"] + activation(shared)
     assert rows["skyrl-glm, shared-outer"]["total_s"] == pytest.approx(want)
     assert activation(shared) != pytest.approx(fit["activation_s"]["value"])  # the made-up activation has a slope
     per_expert = report["layouts"]["per-expert"]
@@ -106,7 +118,7 @@ def test_a_grouped_layout_takes_the_sender_of_its_own_grouping_or_no_row() -> No
     report["layouts"]["grouped:4"] = {**report["layouts"]["shared-outer"], "expert_groups": 4}
     alone = L.end_to_end(report, [SYNC])
     assert "skyrl-glm, grouped:4" not in alone["rows"] and alone["no_sync"] == ["grouped:4"]
-    grouped = {**SYNC, "options": {"expert_groups": 4}, "paths": {"ours": {"total_s": 0.5, "stages_s": {}}}}
+    grouped = {**SYNC, "options": {"expert_groups": 4}, "paths": {"ours": {"runs": _sender_runs(0.5)}}}
     both = L.end_to_end(report, [SYNC, grouped])
     row, shared = both["rows"]["skyrl-glm, grouped:4"], both["rows"]["skyrl-glm, shared-outer"]
     assert row["sync_sender_s"] == pytest.approx(0.5) and row["sync_expert_groups"] == 4
@@ -130,7 +142,7 @@ def test_narrowed_experts_keep_every_name_and_shrink_only_the_expert_width() -> 
     from skyrl_glm.bench.synthetic import BenchOptions, model_config, synthetic_adapter
 
     full = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=1, rank=4))
-    narrow = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=1, rank=4, expert_width=64))
+    narrow = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=1, rank=4), expert_width=64)
     assert narrow.names == full.names and narrow.unique.keys() == full.unique.keys()
     changed = {k for k in full.unique if full.unique[k].shape != narrow.unique[k].shape}
     assert changed and all("experts" in k for k in changed)  # attention and the dense layers as GLM-5.3's

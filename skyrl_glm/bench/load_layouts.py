@@ -255,10 +255,8 @@ def _adapters(layers: list[int], rank: int, groups: int, expert_width: int | Non
 
     adapters = {}
     for k in sorted(layers):
-        opts = BenchOptions(
-            model="glm-5.3", config="full", layers=k, rank=rank, expert_groups=groups, expert_width=expert_width
-        )
-        syn = synthetic_adapter(opts)
+        opts = BenchOptions(model="glm-5.3", config="full", layers=k, rank=rank, expert_groups=groups)
+        syn = synthetic_adapter(opts, expert_width)
         unique = {key: v.to("cuda") for key, v in syn.unique.items()}
         unique_bytes = sum(t.numel() * t.element_size() for t in unique.values())
         adapters[k] = ({name: unique[key] for name, key in syn.names.items()}, syn.targets, unique_bytes)
@@ -381,11 +379,6 @@ def run_layout_bench(
     return report
 
 
-# The stages of a ``bench sync`` run that happen on the receiver (its own process there, rebuilding per-expert
-# names): in the handoff each layout's engine-side receive (``receive_s``, fitted at 75 layers) stands in for them.
-SYNC_RECEIVER_STAGES = ("transfer", "verify", "rebuild")
-
-
 def sync_groups(sync: dict[str, Any]) -> int:
     """The expert groups per layer of a ``bench sync`` report's adapter (1: one adapter per layer; a report from
     before the option: 1)."""
@@ -419,8 +412,11 @@ def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str,
         return r["fit_75"][stage]["value"]
 
     def sender(sync: dict[str, Any]) -> float:
-        ours = sync["paths"]["ours"]
-        return ours["total_s"] - sum(ours["stages_s"].get(k) or 0.0 for k in SYNC_RECEIVER_STAGES)
+        """The median over the sync's timed rounds of its sender's own stages (export, dedup, fold, pack, checksum,
+        manifest, staging); its receiver's (another process, rebuilding per-expert names) give way to the layout's
+        engine-side receive. Not its total less the report's ``transfer`` stage: that holds the sender's pack too."""
+        runs = sync["paths"]["ours"]["runs"]
+        return statistics.median(sum(v for k, v in r["sender"].items() if k.endswith("_s") and v) for r in runs)
 
     rows, no_sync = {}, []
     for layout, r in report["layouts"].items():

@@ -24,7 +24,6 @@ class BenchOptions:
     dtype: str = "bf16"
     share_experts: bool = True
     expert_groups: int = 1  # with share_experts: one adapter per group of E/G consecutive experts
-    expert_width: int | None = None  # the routed experts' intermediate size, narrowed (model_config)
     copies: bool = False
     exporter: str = "resident"  # resident | bridge-stream | bridge
     transport: str = HOST_LOCAL
@@ -129,10 +128,11 @@ class Synthetic:
     n_experts: int
 
 
-def synthetic_adapter(opts: BenchOptions) -> Synthetic:
+def synthetic_adapter(opts: BenchOptions, expert_width: int | None = None) -> Synthetic:
+    """The export of ``opts``'s model (its experts narrowed to ``expert_width``: :func:`model_config`)."""
     from skyrl_glm.lora.bridge import bridge_export_specs, synthetic_values
 
-    family, cfg = model_config(opts.model, opts.config, opts.layers, opts.expert_width)
+    family, cfg = model_config(opts.model, opts.config, opts.layers, expert_width)
     targets = family.lora.resolve(sampler="vllm")
     specs = bridge_export_specs(
         cfg,
