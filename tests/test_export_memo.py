@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from skyrl_glm.lora.bridge import PEFT_PREFIX
 from skyrl_glm.skyrl.workers.megatron import unique_adapter
 from skyrl_glm.sync.export_memo import ExportMemo
 
@@ -112,3 +113,53 @@ def test_parameters_unlike_the_learned_ones_recall_nothing():
     assert memo.recall([params[0], params[1]]) is None  # one missing
     assert memo.recall([params[0], params[1], params[2].to(torch.float64)]) is None  # another dtype
     assert memo.recall(params) is not None
+
+
+def test_parameters_that_did_not_move_hand_out_the_last_views_reading_the_values_of_now():
+    """A recall with every parameter where it was reuses the last recall's views (no view made per tensor); they
+    read the parameters' values as they are, and a parameter that moves in between is read where it is now."""
+    params, memo = [torch.nn.Parameter(p, requires_grad=False) for p in _params()], ExportMemo()
+    _sync(params, memo)
+    first = _sync(params, memo)
+    with torch.no_grad():
+        params[2].add_(5.0)  # a training step, in place
+    second = _sync(params, memo)
+    assert [id(t) for t in first.unique.values()] == [id(t) for t in second.unique.values()]
+    assert first.unique is not second.unique  # the caller's dict is its own (the fold updates it)
+    assert _same(second, _sync(params, None))
+    params[2].data = params[2].data.clone() - 1.0  # moved
+    third = _sync(params, memo)
+    assert _same(third, _sync(params, None)) and not _same(third, second)
+
+
+def _rank_one_expert_export(params: list[torch.Tensor]):
+    """The dense ``o_proj`` at rank 2 and an expert adapter at rank 1 (Bridge's ``normalize_moe_lora``: the
+    experts at a lower rank, which SkyRL's fold rescales by config rank / rank)."""
+    a, b, ea, eb = params
+    yield "model.layers.0.self_attn.o_proj.lora_A.weight", a
+    yield "model.layers.0.self_attn.o_proj.lora_B.weight", b
+    for e in range(EXPERTS):
+        yield f"model.layers.1.mlp.experts.{e}.down_proj.lora_A.weight", ea.view(ea.shape)
+        yield f"model.layers.1.mlp.experts.{e}.down_proj.lora_B.weight", eb.view(eb.shape)
+
+
+def test_a_recalled_sync_rescales_what_the_full_export_rescaled_and_nothing_else():
+    g = torch.Generator().manual_seed(1)
+    params = [torch.randn(*s, generator=g) for s in ((2, 6), (5, 2), (1, 5), (7, 1))]
+    memo = ExportMemo()
+
+    def sync(memo):
+        return unique_adapter(
+            _rank_one_expert_export(params), config_rank=2, num_moe_experts=EXPERTS, shared_storage=True,
+            export_memo=memo, params=params,
+        )  # fmt: skip
+
+    full = sync(memo)
+    eb = PEFT_PREFIX + "model.layers.1.mlp.experts.0.down_proj.lora_B.weight"
+    assert memo.rescaled == [eb.replace("lora_B", "lora_A"), eb] and torch.equal(full.unique[eb], 2 * params[3])
+    with torch.no_grad():
+        for p in params:
+            p.add_(1.0)
+    recalled = sync(memo)
+    assert memo.counts["recalled"] == 1 and _same(recalled, sync(None))
+    assert recalled.unique[eb].data_ptr() != params[3].data_ptr()  # rescaled: a new tensor, never the parameter

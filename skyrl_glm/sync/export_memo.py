@@ -12,7 +12,9 @@ and records per unique tensor which parameter it views and where (offset from th
 shape, strides). :meth:`ExportMemo.recall`, handed the parameters as they are then, gives the next sync's
 deduplication with no export: the same names and alias rules, each tensor that view of its parameter now (read where
 the parameter is now: an offload and reload that moves a parameter's memory moves the read with it; parameters of
-another count, shape or dtype recall nothing). Work per unique tensor, none per name.
+another count, shape or dtype recall nothing). Work per unique tensor, none per name; and where no parameter moved
+since the last recall (the same addresses: the memo's views hold the old memory alive, so an address seen again is
+the same memory) not even that: the last recall's views are handed out again, as they read the values of now.
 
 It learns nothing when any unique tensor is not a view of one parameter (a gathered copy, a stacked tensor): such
 an export keeps running whole. And it trusts no memory for long: every ``verify_every``-th sync recalls nothing, so
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 VERIFY_EVERY = 16  # syncs per full export (the memo's own check) once it has learned
 _shape, _dtype = operator.attrgetter("shape"), operator.attrgetter("dtype")
 _stride, _device, _offset = torch.Tensor.stride, torch.Tensor.get_device, torch.Tensor.storage_offset
+_address = torch.Tensor.data_ptr
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class ExportMemo:
         self.sources: list[_Source] = []
         self.kinds: list[tuple[Any, ...]] = []  # the learned parameters' shape, strides, dtype, device
         self.recalls = 0  # syncs served since the last full export
+        self.views: tuple[list[int], dict[str, torch.Tensor]] | None = None  # the last recall: addresses, views
+        self.rescaled: list[str] = []  # what SkyRL's rank-scale fold changed in the learned export, with its lora_A
         self.counts = {"learned": 0, "recalled": 0, "refused": 0, "dropped": 0}
 
     def recall(self, params: Sequence[torch.Tensor]) -> Dedup | None:
@@ -93,7 +98,10 @@ class ExportMemo:
             return None
         self.recalls += 1
         self.counts["recalled"] += 1
-        return self._rebuilt(params)
+        addresses = list(map(_address, params))
+        if self.views is None or self.views[0] != addresses:
+            self.views = addresses, self._rebuilt(params).unique
+        return dataclasses.replace(self.last, unique=dict(self.views[1]))
 
     @staticmethod
     def _kinds(params: Sequence[torch.Tensor]) -> list[tuple[Any, ...]]:
@@ -118,7 +126,7 @@ class ExportMemo:
             self.counts["dropped"] += 1
             log.warning("export memo dropped: a full export differs from what the memo recalls; learning again")
         sources = _sources(dedup.unique, params)
-        self.recalls = 0
+        self.recalls, self.views = 0, None
         if sources is None:
             self.last, self.sources, self.kinds = None, [], []
             self.counts["refused"] += 1

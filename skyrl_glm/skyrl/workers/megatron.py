@@ -23,7 +23,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
+from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
+    LORA_A_SUFFIX,
+    LORA_B_SUFFIX,
+    fold_lora_rank_scale_for_vllm,
+)
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
 from skyrl_glm.skyrl.compat import bridge_compat
@@ -136,9 +140,13 @@ def unique_adapter(
     ``export_memo`` with ``params`` (the model's LoRA parameters): a sync it recalls reads the unique tensors from
     the parameters and never iterates ``export`` (so make it lazily); a full one teaches it
     (:mod:`skyrl_glm.sync.export_memo`)."""
-    dedup = export_memo.recall(params) if export_memo is not None else None
+    recalled = export_memo.recall(params) if export_memo is not None else None
     prefolded: set[str] = set()
-    if dedup is None:
+    if recalled is not None:  # the fold rescales what it rescaled in the learned export (ranks are read from shapes)
+        assert export_memo is not None
+        dedup = recalled
+        todo = {n: dedup.unique[n] for n in export_memo.rescaled}
+    else:
         bound = None if shared_storage else slice_bytes  # declared sharing sends every storage: no bytes to count
         stream = VllmNamedStream(export, config_rank=config_rank, num_moe_experts=num_moe_experts, slice_bytes=bound)
         with paused_gc():  # the stream's pairs are short-lived: a collection would only walk what the slices hold
@@ -149,8 +157,12 @@ def unique_adapter(
         prefolded = {PEFT_PREFIX + n for n in stream.prefolded}
         if export_memo is not None:  # a tensor the stream converted is a view of no parameter: nothing to learn
             export_memo.learn(dedup, () if prefolded else params)
-    todo = {n: t for n, t in dedup.unique.items() if n not in prefolded}
+        todo = {n: t for n, t in dedup.unique.items() if n not in prefolded}
     folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
+    if export_memo is not None and recalled is None:  # a full export: what a recall of it folds
+        changed = [n for n, t in folded.items() if t is not todo[n]]
+        pairs = (m for n in changed for m in (n.removesuffix(LORA_B_SUFFIX) + LORA_A_SUFFIX, n))
+        export_memo.rescaled = [m for m in pairs if m in todo]
     dedup.unique.update(folded)
     return dedup
 
