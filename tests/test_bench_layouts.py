@@ -138,6 +138,14 @@ def test_an_engine_that_served_75_layers_gives_the_handoff_as_measured_there() -
     assert L.end_to_end(report, [SYNC])["rows"]["skyrl-glm, per-expert"]["engine_at_75"] == "fit"
 
 
+def test_an_activation_lost_in_the_requests_jitter_counts_as_zero_not_as_a_gain() -> None:
+    report = _made_up_report()
+    for m in report["layouts"]["shared-outer"]["medians_s"].values():
+        m["activation_s"] = -0.015  # a 75-layer engine's request jitter exceeds the activation (measured)
+    row = L.end_to_end(report, [SYNC])["rows"]["skyrl-glm, shared-outer"]
+    assert row["load_and_activation_s"] == pytest.approx(report["layouts"]["shared-outer"]["fit_75"]["load_s"]["value"])
+
+
 def test_narrowed_experts_keep_every_name_and_shrink_only_the_expert_width() -> None:
     from skyrl_glm.bench.synthetic import BenchOptions, model_config, synthetic_adapter
 

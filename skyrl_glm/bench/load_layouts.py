@@ -396,7 +396,9 @@ def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str,
     The activation is the median over the measured layer counts, not a fit: vLLM copies a new adapter into its slots
     inside ``add_lora`` (``LRUCacheWorkerLoRAManager.add_adapter`` activates it), so that per-layer work is in the
     load; what is left for the first request has no per-layer part, and a fit of it read at 75 layers multiplies
-    its few-ms jitter (measured on one H200: medians -10 to +9 ms, fits -93 to +249 ms)."""
+    its few-ms jitter (measured on one H200: medians -10 to +9 ms, fits -93 to +249 ms). Held at zero or above: on
+    a 75-layer engine a one-token request takes 0.3-0.7 s and varies by up to 0.1 s, which a median of four layer
+    counts can read as a negative activation (measured: -15 ms)."""
     by_groups = {sync_groups(s): s for s in syncs}
 
     def at_75(layout: str, stage: str) -> float | None:
@@ -405,8 +407,8 @@ def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str,
         r = report["layouts"].get(layout, {})
         if "fit_75" not in r:
             return None
-        if stage == "activation_s":
-            return statistics.median(m[stage] for m in r["medians_s"].values())
+        if stage == "activation_s":  # a cost, not below zero: a request's jitter can exceed it (see above)
+            return max(0.0, statistics.median(m[stage] for m in r["medians_s"].values()))
         if measured := r["medians_s"].get(str(FULL_MOE_LAYERS)):
             return measured[stage]
         return r["fit_75"][stage]["value"]
