@@ -217,6 +217,7 @@ def test_narrowed_experts_give_no_slot_memory_at_75(tmp_path, capsys) -> None:
         (["--config", "full", "--layouts", "grouped:4", "--sync-json", "{bad}"], "bad.json: not a bench sync --json"),
         (["--config", "full", "--layouts", "grouped:4", "--sync-json", "{good},{good}"], "both send 1 expert group"),
         (["--config", "full", "--layouts", "grouped:4", "--layers", "1,76"], "--layers must be in 1..75"),
+        (["--layers", "200"], "--layers with the tiny checkpoint: decoder layers in 1..128"),
         (["--config", "full", "--layouts", "grouped:4", "--expert-width", "100"], "a multiple of 64 in 64..2048"),
         (["--config", "full", "--expert-width", "64"], "--expert-width narrows the engine of a layout comparison"),
     ],

@@ -39,6 +39,7 @@ from skyrl_glm.provenance import provenance
 from skyrl_glm.sync.transports import GPU_LOCAL, HOST_LOCAL, open_transport
 from skyrl_glm.usage import PROG, UsageError, positive_int, print_error, writable_file
 
+TINY_MAX_LAYERS = 128  # a deepened tiny checkpoint (a few MB a layer on the CPU)
 STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("write_s", "load_s", "total_s")}
 
 
@@ -47,10 +48,14 @@ def _memory_row(t: dict[str, float]) -> dict[str, float]:
     return {"plan_s": plan, "receive_s": t["receive_rpc_s"], "load_s": t["load_s"], "total_s": t["total_s"]}
 
 
-def run_load_bench(model: str, rounds: int, warmup: int, rank: int, device: str = "cpu") -> dict[str, Any]:
-    """Alternate in-memory and disk updates on one engine; every update must be accepted."""
+def run_load_bench(
+    model: str, rounds: int, warmup: int, rank: int, device: str = "cpu", layers: int | None = None
+) -> dict[str, Any]:
+    """Alternate in-memory and disk updates on one engine; every update must be accepted. ``layers``: the tiny
+    checkpoint deepened to that many decoder layers (what grows with the engine's LoRA modules shows)."""
     from skyrl_glm.check.probes import make_probes
-    from skyrl_glm.check.runner import CheckOptions, build, prepare, tiny_model_dir
+    from skyrl_glm.check.runner import TINY_SEED, CheckOptions, build, prepare, tiny_model_dir
+    from skyrl_glm.models.tiny import make_tiny
     from skyrl_glm.sync.publisher import DiskPublisher
 
     transport = HOST_LOCAL if device == "cpu" else GPU_LOCAL
@@ -59,7 +64,10 @@ def run_load_bench(model: str, rounds: int, warmup: int, rank: int, device: str 
     runs: dict[str, list[dict[str, float]]] = {"memory": [], "disk": []}
     with tempfile.TemporaryDirectory(prefix="skyrl-glm-bench-load-") as tmp:
         options.workdir = tmp
-        model_dir, kept = (plan.model_dir, True) if plan.model_dir else tiny_model_dir(plan.family, Path(tmp))
+        if layers is not None:
+            model_dir, kept = make_tiny(plan.family, Path(tmp) / "deep", seed=TINY_SEED, layers=layers), False
+        else:
+            model_dir, kept = (plan.model_dir, True) if plan.model_dir else tiny_model_dir(plan.family, Path(tmp))
         probes = make_probes(plan.vocab_size, seed=options.config.seed)
         trainer, sampler, memory, cleanup = build(options, plan, model_dir, probes)
         disk = DiskPublisher(sampler, root=Path(tmp) / "adapters")
@@ -79,9 +87,11 @@ def run_load_bench(model: str, rounds: int, warmup: int, rank: int, device: str 
                 step()
     timed = {path: rows[warmup:] for path, rows in runs.items()}
     return {
-        "command": "skyrl-glm bench load",
+        "command": f"skyrl-glm bench load --model {model} --device {device} --rank {rank}"
+        + (f" --layers {layers}" if layers is not None else ""),
         **provenance(),
         "model": plan.family.name,
+        "layers": layers,  # None: the tiny checkpoint's own
         "device": device,
         "model_dir": str(model_dir) if kept else None,  # a temporary tiny model is gone after the run
         "targets": plan.targets,
@@ -268,8 +278,10 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
     try:
         positive_int("--rounds", args.rounds)
         positive_int("--rank", args.rank)
-        layers = _layer_counts(args.layers)
+        layers = _layer_counts(args.layers or "2")
         layouts = _layouts(args.layouts)
+        if args.config == "tiny" and args.layers is not None and max(layers) > TINY_MAX_LAYERS:
+            raise UsageError(f"--layers with the tiny checkpoint: decoder layers in 1..{TINY_MAX_LAYERS}")
         decode = _batches(args.decode)
         if not 1 <= args.max_loras <= 16:
             raise UsageError(f"--max-loras must be in 1..16, got {args.max_loras}")
@@ -322,7 +334,8 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
     if args.config == "full":
         report = run_full_load_bench(layers[0], args.rounds, args.warmup, args.rank)
     else:
-        report = run_load_bench(args.model or "glm-4.5", args.rounds, args.warmup, args.rank, args.device)
+        tiny_layers = layers[0] if args.layers is not None else None
+        report = run_load_bench(args.model or "glm-4.5", args.rounds, args.warmup, args.rank, args.device, tiny_layers)
     print_load_report(report)
     if args.json:
         strict_json.write(report, args.json, indent=1)
@@ -342,7 +355,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the engine's and the trainer's device)")
     p.add_argument("--config", default="tiny", choices=("tiny", "full"), help="full: full-width GLM-5.3 (GPU)")
-    p.add_argument("--layers", default="2", help="MoE layers of the full-width model; with --layouts several: 2,4,6")
+    p.add_argument(
+        "--layers",
+        default=None,
+        help="MoE layers of the full-width model (default 2; with --layouts several: 2,4,6); with the tiny "
+        "checkpoint its decoder layers (e.g. 78: GLM-5.3's depth, to see what grows with the engine's LoRA modules)",
+    )
     p.add_argument(
         "--layouts",
         default=None,
