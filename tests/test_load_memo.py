@@ -60,3 +60,21 @@ def test_aliasing_and_config_are_part_of_the_structure():
     b[list(b)[2]] = b[shared]  # two names, one tensor
     assert structure(a, CONFIG) != structure(b, CONFIG)
     assert structure(a, CONFIG) != structure(a, {**CONFIG, "lora_alpha": 8})
+
+
+def test_the_slot_replay_keys_a_clone_by_its_template_without_reading_its_factors():
+    """Clones of one template (and 3D flag) have one structure by the template's key: the replay's structure for
+    them is the template, so a new version costs no pass over its factors; a model the loader built is read."""
+    from skyrl_glm.sync.vllm.load_memo import clone_of
+    from skyrl_glm.sync.vllm.slot_replay import adapter_factors
+
+    first = _tensors(0)
+    template = Template.of(_build(1, first), first)
+    assert template is not None
+    a, b = template.clone(2, _tensors(1), is_3d=False), template.clone(3, _tensors(2), is_3d=False)
+    assert clone_of(a) == (template, False) and clone_of(_build(4, first)) is None
+    (fa, ka), (fb, kb) = adapter_factors(a), adapter_factors(b)
+    assert ka == kb == ("clone", template, False) and len(fa) == len(fb) == 8
+    assert adapter_factors(template.clone(5, _tensors(3), is_3d=True))[1] != ka  # vLLM packs 3D otherwise
+    fresh_factors, fresh_key = adapter_factors(_build(6, _tensors(1)))
+    assert fresh_key != ka and [t.shape for t in fresh_factors] == [t.shape for t in fa]

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 _STATE = "_skyrl_glm_load_memo"  # on a WorkerLoRAManager: its LoadMemo
+_CLONE_OF = "_skyrl_glm_clone_of"  # on a cloned LoRAModel: (its Template, is_3d), read by clone_of
 Where = str | list[str | None] | None  # a factor's staged name, or per entry of a packed factor
 
 
@@ -39,7 +40,22 @@ def structure(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) ->
     return (json.dumps(config, sort_keys=True, default=str), tuple(tensors), kinds_with_aliasing(tensors.values()))
 
 
-@dataclass
+def _copied(obj: Any) -> Any:
+    """A shallow copy of a plain object (its class, its attribute dict copied): what ``copy.copy`` makes, without
+    its reduce protocol (a few microseconds a module, about 900 modules at GLM-5.3's depth)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    return new
+
+
+def clone_of(lora: Any) -> tuple[Any, bool] | None:
+    """The template and 3D flag a ``LoRAModel`` was cloned from, or None (built by the loader). Clones of one
+    template with one flag have one structure (the template's key holds every factor's kind): the slot replay keys
+    its recordings by it instead of reading every factor again."""
+    return lora.__dict__.get(_CLONE_OF)
+
+
+@dataclass(eq=False)  # compared and hashed by identity: a recording's key holds the template
 class Template:
     """A built ``LoRAModel`` with its factors taken out: per module its weights object (copied, no tensors) and,
     per side, the staged name each factor was."""
@@ -80,10 +96,11 @@ class Template:
                 return [None if w is None else tensors[w] for w in where]
             return None if where is None else tensors[where]
 
-        model = copy.copy(self.model)
+        model = _copied(self.model)
         model.id, model.is_3d_lora_weight, model.loras = lora_id, is_3d, {}
+        model.__dict__[_CLONE_OF] = (self, is_3d)
         for module_name, (empty, a, b) in self.modules.items():
-            weights = copy.copy(empty)
+            weights = _copied(empty)
             weights.lora_a, weights.lora_b = factor(a), factor(b)
             model.loras[module_name] = weights
         return model
@@ -131,8 +148,10 @@ def install() -> None:
         lora = original(self, lora_request)
         memo.counts["loaded"] += 1
         if key not in memo.templates:
-            memo.templates[key] = Template.of(lora, staged.tensors)
-            memo.counts["refused"] += memo.templates[key] is None
+            template = memo.templates[key] = Template.of(lora, staged.tensors)
+            memo.counts["refused"] += template is None
+            if template is not None:  # its factors are the staged tensors in the template's places: a clone's
+                lora.__dict__[_CLONE_OF] = (template, lora_request.is_3d_lora_weight)
         return lora
 
     WorkerLoRAManager._load_adapter = _load_adapter

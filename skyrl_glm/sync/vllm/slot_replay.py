@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from skyrl_glm.sync.vllm.engine_env import SLOT_REPLAY_ENV, slot_replay_on
-from skyrl_glm.sync.vllm.load_memo import kinds_with_aliasing
+from skyrl_glm.sync.vllm.load_memo import clone_of, kinds_with_aliasing
 
 log = logging.getLogger(__name__)
 
@@ -229,13 +229,17 @@ def slot_tensors(modules: Any, indices: int) -> dict[int, Slot]:
 
 def adapter_factors(lora_model: Any) -> tuple[list[torch.Tensor | None], tuple[Any, ...]]:
     """The adapter's factors in one order (module name, A then B, packed entries in order) and its structure: per
-    factor its shape, strides, dtype, device and the first position holding the same tensor."""
+    factor its shape, strides, dtype, device and the first position holding the same tensor; for a clone of the
+    load memo, the template and flag it was cloned from (which fix all of that: no factor read again)."""
     factors: list[torch.Tensor | None] = []
-    for name in sorted(lora_model.loras):
+    names = sorted(lora_model.loras)
+    for name in names:
         weights = lora_model.loras[name]
         for side in (weights.lora_a, weights.lora_b):
             factors.extend(side if isinstance(side, list) else [side])
-    return factors, (tuple(sorted(lora_model.loras)), kinds_with_aliasing(factors))
+    if (cloned := clone_of(lora_model)) is not None:
+        return factors, ("clone", *cloned)
+    return factors, (tuple(names), kinds_with_aliasing(factors))
 
 
 @dataclass
