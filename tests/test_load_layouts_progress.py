@@ -35,7 +35,9 @@ def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypa
         lambda sampler, batches, loras: {label: {str(b): 1.0 for b in batches} for label in loras},
     )
     monkeypatch.setattr(
-        load_layouts, "_adapters", lambda layers, rank, groups: {k: ({}, ["mlp.experts.gate_up_proj"]) for k in layers}
+        load_layouts,
+        "_adapters",
+        lambda layers, rank, groups, expert_width: {k: ({}, ["mlp.experts.gate_up_proj"], 0) for k in layers},
     )
     lines: list[str] = []
     report = load_layouts.run_layout_bench(
