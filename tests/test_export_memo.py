@@ -163,3 +163,31 @@ def test_a_recalled_sync_rescales_what_the_full_export_rescaled_and_nothing_else
     recalled = sync(memo)
     assert memo.counts["recalled"] == 1 and _same(recalled, sync(None))
     assert recalled.unique[eb].data_ptr() != params[3].data_ptr()  # rescaled: a new tensor, never the parameter
+
+
+def test_forgotten_views_free_the_parameters_memory_and_are_made_again():
+    """The Megatron worker's offload drops the memo's views first: they would keep the LoRA parameters' memory
+    alive while the trainer is offloaded (the colocated sampler wakes into that memory)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from skyrl_glm.skyrl.workers.megatron import MegatronGlmSync
+
+    params, memo = [torch.nn.Parameter(p, requires_grad=False) for p in _params()], ExportMemo()
+    _sync(params, memo)
+    _sync(params, memo)
+    old = params[2].data
+    params[2].data = old.clone()  # offloaded and back, elsewhere
+    memory = StorageWeakRef(old.untyped_storage())
+    del old
+    assert not memory.expired()  # the memo's views still hold it
+
+    class Offloaded:
+        def offload_to_cpu(self, **kwargs):
+            return kwargs
+
+    class Worker(MegatronGlmSync, Offloaded):
+        _glm_export_memo = memo
+
+    assert Worker().offload_to_cpu(offload_model=True) == {"offload_model": True}  # SkyRL's offload, after
+    assert memo.views is None and memory.expired()  # nothing holds the old memory now
+    assert _same(_sync(params, memo), _sync(params, None)) and memo.views is not None

@@ -103,6 +103,11 @@ class ExportMemo:
             self.views = addresses, self._rebuilt(params).unique
         return dataclasses.replace(self.last, unique=dict(self.views[1]))
 
+    def forget_views(self) -> None:
+        """Drop the last recall's views: they hold the parameters' memory, which an offload must be able to free
+        (the next recall makes them again where the parameters are then)."""
+        self.views = None
+
     @staticmethod
     def _kinds(params: Sequence[torch.Tensor]) -> list[tuple[Any, ...]]:
         """Each parameter's shape, strides, dtype and device index, read by C-level maps (no Python step per

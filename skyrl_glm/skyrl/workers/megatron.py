@@ -195,6 +195,13 @@ class MegatronGlmSync(GlmSyncMixin):
     def _glm_memory_sync(self) -> bool:
         return super()._glm_memory_sync() and not self.cfg.policy.megatron_config.lora_config.merge_lora
 
+    def offload_to_cpu(self, *args: Any, **kwargs: Any) -> Any:
+        """SkyRL's offload, after the export memo lets go of its views of the LoRA parameters (they would keep the
+        parameters' GPU memory alive through the offload, where the colocated sampler wakes into it)."""
+        if (export_memo := getattr(self, "_glm_export_memo", None)) is not None:
+            export_memo.forget_views()
+        return super().offload_to_cpu(*args, **kwargs)  # type: ignore[misc]
+
     def _glm_adapter(self) -> tuple[Dedup, dict[str, Any]] | None:
         rank = torch.distributed.get_rank()
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
