@@ -59,6 +59,34 @@ def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypa
     assert not list(tmp_path.glob(".*.part"))  # each write replaced the file whole
 
 
+def test_a_grouping_no_later_layout_serves_lets_its_adapters_go_before_the_next_engine(monkeypatch):
+    """The adapters of every layer count are held on the GPU beside each engine: at 75 narrowed layers one H200
+    ran out of memory while an earlier grouping's were still held. A grouping is kept while a later layout needs it."""
+    import weakref
+
+    class Adapter(dict):
+        pass
+
+    made: dict[int, weakref.ref] = {}
+    alive_at_start: dict[str, list[int]] = {}
+
+    def adapters(layers, rank, groups, expert_width):
+        held = {k: (Adapter(), ["mlp.experts.gate_up_proj"], 0) for k in layers}
+        made[groups] = weakref.ref(held[layers[0]][0])
+        return held
+
+    def engine(model_dir, family, targets, layout, rank, max_loras, decode):
+        alive_at_start[layout] = sorted(g for g, ref in made.items() if ref() is not None)
+        raise RuntimeError("CUDA out of memory (stand-in engine)")
+
+    monkeypatch.setattr(load_layouts, "_adapters", adapters)
+    monkeypatch.setattr(load_layouts, "_engine", engine)
+    layouts = ["shared-all", "grouped:4", "per-expert", "grouped:64"]
+    load_layouts.run_layout_bench([2], layouts, rounds=1, warmup=0, rank=4)
+    # per-expert serves the one-per-layer adapter again: it stays until then, grouped:4's goes after its layout
+    assert alive_at_start == {"shared-all": [1], "grouped:4": [1, 4], "per-expert": [1], "grouped:64": [64]}
+
+
 def test_decode_throughput_times_each_request_kind_in_turn_on_a_real_engine(glm45_sampler):
     """On vLLM's CPU build (the tiny GLM-4.5 engine the suite shares, a real engine here): one rate per request
     kind and batch size, each the median of its timed rounds."""

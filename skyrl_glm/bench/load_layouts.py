@@ -312,8 +312,12 @@ def run_layout_bench(
         model_dir = full_width_model(Path(tmp) / "model", engine_layers, expert_width)
         progress("model written")
         version = 0
-        for layout in layouts:
-            groups = 1 if layout == NO_ADAPTER else expert_groups(layout) or 1
+        grouping = [1 if layout == NO_ADAPTER else expert_groups(layout) or 1 for layout in layouts]
+        for i, (layout, groups) in enumerate(zip(layouts, grouping, strict=True)):
+            for done in set(by_groups) - set(grouping[i:]):  # on the GPU beside every later engine: let them go
+                del by_groups[done]
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
             if groups not in by_groups:
                 progress(f"{layout}: rank-{rank} adapters of {groups} expert group(s) per layer on the GPU ...")
                 by_groups[groups] = _adapters(layers, rank, groups, expert_width)
