@@ -30,6 +30,7 @@ QUIET = {
         ("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning:multiprocessing.resource_tracker")
     ),
 }
+QUIET_LOGGERS = ("vllm", "transformers", "torch", "matplotlib")  # at ERROR unless -v
 VERBOSE = {"VLLM_LOGGING_LEVEL": "INFO"}
 ENGINE_LOG_ENV = "SKYRL_GLM_ENGINE_LOG"
 """Where a quiet command's offline vLLM engine writes its output (its engine process's error tracebacks among it):
@@ -60,8 +61,9 @@ def configure(verbose: bool) -> str | None:
     )
     if not verbose:
         # In case they were imported before these settings: vLLM's Triton probe logs before vLLM configures
-        # its own logger (through ours), torch's CUDA_HOME notice.
-        for name in ("vllm", "transformers", "torch"):
+        # its own logger (through ours), torch's CUDA_HOME notice; matplotlib's font fallbacks as a plot is drawn
+        # (21 lines under a check on a machine whose font cache lacked the STIX fonts).
+        for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
         logging.getLogger(SKYRL_PATCH_NOTES).setLevel(logging.WARNING)
     return engine_log

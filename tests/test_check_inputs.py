@@ -112,7 +112,7 @@ def test_tiny_models_are_cached_by_family_and_seed(tmp_path, monkeypatch):
 def test_quiet_by_default_verbose_lets_vllm_talk():
     from skyrl_glm import quiet
 
-    saved_env, names = dict(os.environ), ("vllm", "transformers", "torch")
+    saved_env, names = dict(os.environ), quiet.QUIET_LOGGERS
     saved_levels = {n: logging.getLogger(n).level for n in names}
     try:
         for name in quiet.QUIET:
@@ -121,6 +121,7 @@ def test_quiet_by_default_verbose_lets_vllm_talk():
         quiet.configure(verbose=False)
         assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR" and os.environ["LOGURU_LEVEL"] == "TRACE"
         assert logging.getLogger("vllm").level == logging.ERROR
+        assert not logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.WARNING)  # font fallbacks
         del os.environ["VLLM_LOGGING_LEVEL"]
         quiet.configure(verbose=True)
         assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
