@@ -32,6 +32,16 @@ def test_a_falling_fit_is_held_flat_at_the_mean() -> None:
     assert not L.fit_line([1, 3, 5], [0.0034, 0.0038, 0.0048], 75)["held"]
 
 
+def test_the_table_marks_a_fit_held_flat(capsys) -> None:
+    report = _made_up_report()
+    shared = report["layouts"]["shared-outer"]
+    shared["medians_s"]["4"]["load_s"] = 0.001  # falls from 2 to 4 layers: held at the mean
+    shared["fit_75"]["load_s"] = L.fit_line([2, 4], [shared["medians_s"][k]["load_s"] for k in ("2", "4")], 75)
+    L.print_layout_report(report)
+    rows = [line for line in capsys.readouterr().out.splitlines() if "75 (fit)" in line]
+    assert [("(flat)" in row) for row in rows] == [False, True] and rows[1].count("(flat)") == 1
+
+
 def test_slot_bytes_scale_per_part_to_the_full_model() -> None:
     slots = {"routed_experts": 4 * 6 * 100, "other": 2 * 9 * 10, "max_loras": 2}  # 6 MoE layers of 9
     assert L.slots_at_full_size(slots, moe_layers=6, layers=9) == 2 * 100 * 75 + 10 * 78

@@ -8,6 +8,7 @@ import torch
 from packed_streams import packed
 
 from skyrl_glm.sync.checksum import checksums, span_checks
+from skyrl_glm.sync.manifest import CHECKSUM_CHARS
 
 
 def _stream() -> tuple[torch.Tensor, list, list[torch.Tensor]]:
@@ -21,8 +22,8 @@ def _stream() -> tuple[torch.Tensor, list, list[torch.Tensor]]:
 
 
 def _each(digits: str) -> list[str]:
-    """The per-span checksums of span_checks' one string (16 hex digits each)."""
-    return [digits[i : i + 16] for i in range(0, len(digits), 16)]
+    """The per-span checksums of span_checks' one string (CHECKSUM_CHARS hex digits each)."""
+    return [digits[i : i + CHECKSUM_CHARS] for i in range(0, len(digits), CHECKSUM_CHARS)]
 
 
 def _reference(t: torch.Tensor) -> str:

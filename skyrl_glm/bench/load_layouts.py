@@ -480,7 +480,9 @@ def print_layout_report(report: dict[str, Any]) -> None:
             for k, med in stages["medians_s"].items():
                 table.add_row(label, k, *(f"{med[s] * 1e3:.1f} ms" for s in STAGES))
             fit = stages["fit_75"]
-            table.add_row(label, "75 (fit)", *(f"{fit[s]['value'] * 1e3:.0f} ms" for s in STAGES))
+            # a fit held flat (its slope was below zero: jitter on flat work) says so
+            cells = (f"{fit[s]['value'] * 1e3:.0f} ms" + (" (flat)" if fit[s].get("held") else "") for s in STAGES)
+            table.add_row(label, "75 (fit)", *cells)
             worst = max(abs(e) for s in STAGES for e in fit[s]["residuals"])
             table.add_row(label, "residual", *(f"max {worst * 1e3:.2f} ms" if s == STAGES[0] else "" for s in STAGES))
     console.print(table)

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from skyrl_glm.sync.manifest import CHECKSUM_CHARS
+
 _WEIGHT_PERIOD = 251
 _MASK = 0xFFFFFFFF  # the sums are taken modulo 2**32
 # Exponent bits of a float: all set = inf or NaN. Per dtype name: (mask, bits per value in an int32 word).
@@ -186,7 +188,7 @@ def span_checks(stream: torch.Tensor, spans: Sequence[Span], finite: bool = True
 def checksums(tensors: Sequence[torch.Tensor]) -> list[str]:
     """One checksum string per tensor, as :func:`span_checks` gives it for the tensor in a packed stream."""
     digits = _hex(fingerprints(tensors))
-    return [digits[i : i + 16] for i in range(0, len(digits), 16)]
+    return [digits[i : i + CHECKSUM_CHARS] for i in range(0, len(digits), CHECKSUM_CHARS)]
 
 
 def word_aligned(t: torch.Tensor) -> torch.Tensor:
