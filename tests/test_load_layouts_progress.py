@@ -37,7 +37,9 @@ def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypa
     monkeypatch.setattr(
         load_layouts,
         "_adapters",
-        lambda layers, rank, groups, expert_width: {k: ({}, ["mlp.experts.gate_up_proj"], 0) for k in layers},
+        lambda layers, rank, groups, expert_width: {
+            k: load_layouts.Adapter({}, ["mlp.experts.gate_up_proj"], 0) for k in layers
+        },
     )
     lines: list[str] = []
     report = load_layouts.run_layout_bench(
@@ -64,15 +66,15 @@ def test_a_grouping_no_later_layout_serves_lets_its_adapters_go_before_the_next_
     ran out of memory while an earlier grouping's were still held. A grouping is kept while a later layout needs it."""
     import weakref
 
-    class Adapter(dict):
+    class Tensors(dict):
         pass
 
     made: dict[int, weakref.ref] = {}
     alive_at_start: dict[str, list[int]] = {}
 
     def adapters(layers, rank, groups, expert_width):
-        held = {k: (Adapter(), ["mlp.experts.gate_up_proj"], 0) for k in layers}
-        made[groups] = weakref.ref(held[layers[0]][0])
+        held = {k: load_layouts.Adapter(Tensors(), ["mlp.experts.gate_up_proj"], 0) for k in layers}
+        made[groups] = weakref.ref(held[layers[0]].tensors)
         return held
 
     def engine(model_dir, family, targets, layout, rank, max_loras, decode):

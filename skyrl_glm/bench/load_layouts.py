@@ -50,7 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -206,14 +206,14 @@ def _updates(
     rows: dict[str, dict[int, list[dict[str, float]]]] = {path: {} for path in WRITES}
     checks: list[dict[str, Any]] = []
     try:
-        for layers, (tensors, targets, _) in adapters.items():
-            config = adapter_config(rank, 2 * rank, targets)
+        for layers, adapter in adapters.items():
+            config = adapter_config(rank, 2 * rank, adapter.targets)
             for i in range(warmup + rounds):
                 for path in WRITES:
                     sampler.llm.collective_rpc("skyrl_glm_bench_slot_replay", args=(path == "replay",))
                     version += 1
                     result, published, to_first, repeat = publish_to_first_request(
-                        sampler, publisher, tensors, config, version
+                        sampler, publisher, adapter.tensors, config, version
                     )
                     if path == "replay":
                         report = sampler.llm.collective_rpc(
@@ -248,7 +248,16 @@ def _stages(rows: dict[int, list[dict[str, float]]]) -> dict[str, Any]:
     }
 
 
-def _adapters(layers: list[int], rank: int, groups: int, expert_width: int | None) -> dict[int, Any]:
+class Adapter(NamedTuple):
+    """One layer count's adapter: its public tensors on the GPU (names aliasing the unique ones), its targets, and
+    the bytes of its unique tensors."""
+
+    tensors: dict[str, torch.Tensor]
+    targets: list[str]
+    unique_bytes: int
+
+
+def _adapters(layers: list[int], rank: int, groups: int, expert_width: int | None) -> dict[int, Adapter]:
     """Per layer count: the public tensors (on the GPU), the targets and the unique bytes of an adapter shared by
     ``groups`` groups of consecutive experts per layer (experts of ``expert_width``, None: the model's)."""
     from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
@@ -259,7 +268,7 @@ def _adapters(layers: list[int], rank: int, groups: int, expert_width: int | Non
         syn = synthetic_adapter(opts, expert_width)
         unique = {key: v.to("cuda") for key, v in syn.unique.items()}
         unique_bytes = sum(t.numel() * t.element_size() for t in unique.values())
-        adapters[k] = ({name: unique[key] for name, key in syn.names.items()}, syn.targets, unique_bytes)
+        adapters[k] = Adapter({name: unique[key] for name, key in syn.names.items()}, syn.targets, unique_bytes)
     return adapters
 
 
@@ -323,11 +332,11 @@ def run_layout_bench(
                 by_groups[groups] = _adapters(layers, rank, groups, expert_width)
                 progress(f"{layout}: adapters ready")
             adapters = by_groups[groups]
-            report.setdefault("targets", adapters[engine_layers][1])  # the same targets at every grouping
+            report.setdefault("targets", adapters[engine_layers].targets)  # the same targets at every grouping
             progress(f"{layout}: starting its engine ...")
             t0 = time.perf_counter()
             try:
-                sampler = _engine(model_dir, family, adapters[engine_layers][1], layout, rank, max_loras, decode)
+                sampler = _engine(model_dir, family, adapters[engine_layers].targets, layout, rank, max_loras, decode)
             except Exception as e:  # noqa: BLE001 - an engine that does not start (memory) is a result here
                 results[layout] = {"started": False, "reason": f"{type(e).__name__}: {e}"[:300]}
                 progress(f"{layout}: the engine did not start ({results[layout]['reason'][:120]})")
@@ -340,7 +349,7 @@ def run_layout_bench(
                     "started": True,
                     "engine_start_s": engine_s,
                     "expert_groups": groups,
-                    "adapter_unique_bytes": {str(k): a[2] for k, a in adapters.items()},
+                    "adapter_unique_bytes": {str(k): a.unique_bytes for k, a in adapters.items()},
                 }
                 if decode:
                     results[layout]["kv_cache_tokens"] = kv_cache_tokens(sampler)
