@@ -1,8 +1,8 @@
-"""Run by ``tests/test_slot_replay.py`` in a process of its own: the five-step check on the tiny GLM-4.5 with vLLM's
-CPU build, its engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the slot-write replay can be broken
-here. Prints one JSON line: three checks on one engine, each followed by the replay's counts (and the loads cloned)
-and the comparison of the serving adapter's slots with vLLM's own writes: the first (its adapter structures
-recorded), a second like it (both replayed), a third whose replay drops the factor copies from its step 4 on."""
+"""Run by ``tests/test_slot_replay.py`` in a process of its own: the five-step check on the tiny GLM-4.5 with vLLM's CPU
+build, its engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the slot-write replay can be broken here.
+Prints one JSON line: three checks on one engine, each followed by the replay's counts (and the loads cloned) and the
+comparison of the serving adapter's slots with vLLM's own writes: the first (its adapter structures recorded), a second
+like it (both replayed), a third whose replay zeroes the factors' places instead of copying them, from its step 4 on."""
 
 from __future__ import annotations
 
@@ -47,10 +47,9 @@ def main() -> None:
             first = run_check(trainer, sampler, publisher, probes, options.config)
             (after_first,) = sampler.llm.collective_rpc(_report)
 
-            def copies_dropped(self, index, factors):  # the deliberately broken replay: constants only
-                zeros, consts, values, _ = self.places(index)
-                if zeros:
-                    slot_replay.torch._foreach_zero_(zeros)
+            def copies_dropped(self, index, factors):  # the deliberately broken replay: the factors' places zeroed
+                zeros, consts, values, dsts = self.places(index)
+                slot_replay.torch._foreach_zero_(zeros + dsts)
                 if consts:
                     slot_replay.torch._foreach_copy_(consts, values)
 

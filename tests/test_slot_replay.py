@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from skyrl_glm.sync.vllm.slot_replay import NotReplayable, Recording, _Recorder, slot_tensors
+from skyrl_glm.sync.vllm.slot_replay import NotReplayable, Recording, _Recorder, dense, slot_tensors
 
 
 def _record(index: int, factors: list[torch.Tensor], writes, slots: torch.Tensor, **more: torch.Tensor) -> Recording:
@@ -56,6 +56,62 @@ def test_a_transposed_view_of_a_factor_is_replayed_as_that_view():
     assert torch.equal(slots[1], b.T)
 
 
+def test_a_zero_fill_its_copies_overwrite_whole_is_dropped_and_the_replay_still_matches():
+    slots = torch.full((2, 4, 6), 7.0)
+    a, b = torch.randn(2, 6), torch.randn(2, 6)
+
+    def set_lora():  # the block zeroed, then both of its halves copied over it: nothing of the zero fill is left
+        slots[0] = 0
+        slots[0, :2].copy_(a)
+        slots[0, 2:].copy_(b)
+
+    recording = _record(0, [a, b], set_lora, slots)
+    assert (len(recording.zeros), len(recording.copies)) == (0, 2)
+    c, d = torch.randn(2, 6), torch.randn(2, 6)
+    recording.replay(1, [c, d])
+    assert torch.equal(slots[1], torch.cat([c, d]))
+
+    f = torch.randn(4, 3)
+
+    def half_covered():  # a copy over part of the block (a strided one): the zero fill stays
+        slots[0] = 0
+        slots[0, :, :3].copy_(f)
+
+    assert len(_record(0, [f], half_covered, slots).zeros) == 1
+
+
+def test_copies_are_cut_into_runs_each_one_foreach_call_of_one_kind():
+    slots, other = torch.zeros(2, 3, 4), torch.zeros(2, 4, 2)
+    a, t, h = torch.randn(3, 4), torch.randn(2, 4), torch.randn(3, 4).half()
+
+    def set_lora():  # dense from dense, then transposed (torch's slow path)
+        slots[0].copy_(a)
+        other[0].copy_(t.T)
+
+    recorder = _Recorder(slot_tensors({"m": SimpleNamespace(a=(slots,), b=(other,))}, 2), [a, t, h], 0)
+    with recorder:
+        set_lora()
+        slots[0].copy_(h)  # the same place from an fp16 factor: replaces the first write
+    recording = recorder.recording()
+    # one run per kind, in the order of the writes: the transposed copy, then the fp16 one
+    assert [(r.start, r.stop) for r in recording.copy_runs] == [(0, 1), (1, 2)]
+    assert [factor for _, factor, _ in recording.copies] == [1, 2]
+    a2, t2, h2 = torch.randn(3, 4), torch.randn(2, 4), torch.randn(3, 4).half()
+    recording.replay(1, [a2, t2, h2])
+    assert torch.equal(slots[1], h2.float()) and torch.equal(other[1], t2.T)
+
+
+@pytest.mark.parametrize(
+    ("size", "stride", "expected"),
+    [((3, 4), (4, 1), True), ((4, 3), (1, 4), True), ((1, 3), (99, 1), True), ((3, 4), (8, 1), False),
+     ((3, 4), (0, 1), False), ((2, 2), (1, 1), False)],
+)  # fmt: skip
+def test_dense_is_torchs_non_overlapping_and_dense(size, stride, expected):
+    assert dense(size, stride) is expected
+    probe = torch.empty(64).as_strided(size, stride)
+    assert torch._prims_common.is_non_overlapping_and_dense_or_false(probe) is expected
+
+
 @pytest.mark.parametrize(
     ("writes", "why"),
     [
@@ -74,11 +130,12 @@ def test_writes_a_batched_replay_could_not_repeat_are_refused(writes, why):
 
 
 def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broken_one():
-    """Three five-step checks on one tiny GLM-4.5 engine (vLLM's CPU build, in a process of its own so its replay
-    can be broken there): the first records its two adapter structures (B == 0, then B perturbed), the second
-    replays both (their models cloned from the first check's: load_memo) and passes, the third replays without the
-    factor copies from its step 4 on: the check fails at step 5, and the serving slots differ from what vLLM's own
-    loop writes."""
+    """Three five-step checks on one tiny GLM-4.5 engine (vLLM's CPU build, in a process of its own so its replay can be
+    broken there): the first records its two adapter structures (B == 0, then B perturbed), the second replays both
+    (their models cloned from the first check's: load_memo) and passes, the third replays zeros where the factors go
+    from its step 4 on (a replay that only skipped the copies would leave the slot index's earlier contents: a version
+    perturbed like this one, so the check could not tell): the check fails at step 5, and the serving slots differ from
+    what vLLM's own loop writes."""
     run = Path(__file__).with_name("slot_replay_run.py")
     done = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

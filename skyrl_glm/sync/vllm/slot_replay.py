@@ -74,6 +74,10 @@ class Place:
     def span(self) -> tuple[int, int]:
         return self.at, self.at + sum((n - 1) * s for n, s in zip(self.size, self.stride, strict=True)) + 1
 
+    @property
+    def dense(self) -> bool:
+        return dense(self.size, self.stride)
+
     def view(self, index: int) -> torch.Tensor:
         return self.slot.base.as_strided(
             self.size, self.stride, self.slot.offset + index * self.slot.per_index + self.at
@@ -84,11 +88,14 @@ class Place:
 class Recording:
     """One structure's writes, in replay order: constants (``zeros`` and ``constants``), then factor views
     (``copies``: the place, then the factor's position and the view's offset in it, shape and strides; a view that
-    is the whole factor has none)."""
+    is the whole factor has none). ``zero_runs`` and ``copy_runs`` cut ``zeros`` and ``copies`` into slices that
+    each take one ``_foreach`` call (:func:`runs`)."""
 
     zeros: list[Place] = field(default_factory=list)
     constants: list[tuple[Place, torch.Tensor]] = field(default_factory=list)
     copies: list[tuple[Place, int, tuple[int, tuple[int, ...], tuple[int, ...]] | None]] = field(default_factory=list)
+    zero_runs: list[slice] = field(default_factory=list)
+    copy_runs: list[slice] = field(default_factory=list)
     _places: dict[int, tuple[list[torch.Tensor], ...]] = field(default_factory=dict)
 
     def places(self, index: int) -> tuple[list[torch.Tensor], ...]:
@@ -105,8 +112,8 @@ class Recording:
 
     def replay(self, index: int, factors: list[torch.Tensor | None]) -> None:
         zeros, consts, values, dsts = self.places(index)
-        if zeros:
-            torch._foreach_zero_(zeros)
+        for run in self.zero_runs:
+            torch._foreach_zero_(zeros[run])
         if consts:
             torch._foreach_copy_(consts, values, non_blocking=True)
         if dsts:
@@ -116,7 +123,50 @@ class Recording:
                 else factors[k].as_strided(view[1], view[2], factors[k].storage_offset() + view[0])  # type: ignore[union-attr]
                 for _, k, view in self.copies
             ]
-            torch._foreach_copy_(dsts, srcs, non_blocking=True)
+            for run in self.copy_runs:
+                torch._foreach_copy_(dsts[run], srcs[run], non_blocking=True)
+
+
+def dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether a view of these sizes and strides covers ``numel`` consecutive elements, each once (torch's
+    non-overlapping and dense)."""
+    expected = 1
+    for n, s in sorted(((n, s) for n, s in zip(size, stride, strict=True) if n != 1), key=lambda d: d[1]):
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def runs(keys: list[Any]) -> tuple[list[int], list[slice]]:
+    """An order of the writes with these keys (stable, equal keys together) and its slices of equal keys. torch's
+    ``_foreach`` ops take one kernel launch per many tensors only if every tensor of the call is dense, of one
+    dtype, and (copies) of its source's sizes and strides; one tensor off that path sends the whole call down the
+    path of one launch per tensor. A key says which path a write can take (None: the slow one)."""
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    order, cuts, lo = [], [], 0
+    for members in groups.values():
+        order.extend(members)
+        cuts.append(slice(lo, lo + len(members)))
+        lo += len(members)
+    return order, cuts
+
+
+def _covered(zero: Place, copied: list[tuple[int, int]]) -> bool:
+    """Whether a dense zero fill lies inside the union of the dense copies' spans (sorted) into its slot: the copies
+    replace every element it zeroes (the replay writes zeros first), so it can go."""
+    if not zero.dense:
+        return False
+    lo, hi = zero.span
+    for a, b in copied:
+        if a > lo:
+            return False
+        lo = max(lo, b)
+        if lo >= hi:
+            return True
+    return False
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -211,7 +261,30 @@ class _Recorder(TorchDispatchMode):
                 out.zeros.append(place)
             else:
                 out.constants.append((place, source[1].to(place.slot.base.device, place.slot.base.dtype)))
+        return self.batched(out)
+
+    def batched(self, out: Recording) -> Recording:
+        """``out`` without the zero fills its copies overwrite whole, its zeros and copies ordered into runs that
+        each take one ``_foreach`` call."""
+        copied: dict[int, list[tuple[int, int]]] = {}
+        for place, _, _ in out.copies:
+            if place.dense:
+                copied.setdefault(id(place.slot), []).append(place.span)
+        for spans in copied.values():
+            spans.sort()
+        out.zeros = [z for z in out.zeros if not _covered(z, copied.get(id(z.slot), []))]
+        order, out.zero_runs = runs([(z.slot.base.dtype,) if z.dense else None for z in out.zeros])
+        out.zeros = [out.zeros[i] for i in order]
+        order, out.copy_runs = runs([self._copy_key(place, k, view) for place, k, view in out.copies])
+        out.copies = [out.copies[i] for i in order]
         return out
+
+    def _copy_key(self, place: Place, k: int, view: tuple[int, tuple[int, ...], tuple[int, ...]] | None) -> Any:
+        factor = self.factors[k]
+        assert factor is not None
+        size, stride = (tuple(factor.shape), factor.stride()) if view is None else view[1:]
+        fast = place.dense and size == place.size and stride == place.stride
+        return (factor.dtype, place.slot.base.dtype) if fast else None
 
 
 def slot_tensors(modules: Any, indices: int) -> dict[int, Slot]:
@@ -309,8 +382,13 @@ def activate(original: Any, manager: Any, lora_id: int) -> bool:
     if manager.lora_index_to_id.index(lora_id) != index:
         recorder.refused = "vLLM chose another slot index than the first free one"
     try:
-        replay.recordings[structure] = recorder.recording()
+        recording = replay.recordings[structure] = recorder.recording()
         replay.counts["recorded"] += 1
+        log.info(
+            "LoRA slot writes recorded: %d zero fills in %d calls, %d constants, %d copies in %d calls (%d writes)",
+            len(recording.zeros), len(recording.zero_runs), len(recording.constants), len(recording.copies),
+            len(recording.copy_runs), len(recorder.writes),
+        )  # fmt: skip
     except NotReplayable as e:
         replay.recordings[structure] = None
         replay.counts["refused"] += 1
