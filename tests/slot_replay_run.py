@@ -2,7 +2,8 @@
 build, its engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the slot-write replay can be broken here.
 Prints one JSON line: three checks on one engine, each followed by the replay's counts (and the loads cloned) and the
 comparison of the serving adapter's slots with vLLM's own writes: the first (its adapter structures recorded), a second
-like it (both replayed), a third whose replay zeroes the factors' places instead of copying them, from its step 4 on."""
+like it (both replayed), a third whose replay zeroes the factors' places instead of copying them, from its step 4 on.
+Then the layout bench's switch clock on its worker, read after one request and after none."""
 
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ def _report(worker):
     serving = max(i for i in manager.lora_index_to_id if i is not None)
     loads = load_memo.state(worker.model_runner.lora_manager).counts
     return {**state(manager).counts, **loads, "matches_vllm": matches_vllm(manager, serving)}
+
+
+def _switch_times(sampler):
+    """The bench's switch clock on this engine's worker: started, then read after one request and after none."""
+    from skyrl_glm.bench.load_layouts import SlotReport
+
+    clock = SlotReport.skyrl_glm_bench_switch_times
+    sampler.llm.collective_rpc(clock)
+    sampler.generate([[1, 2, 3, 4]], 1)
+    (after_request,) = sampler.llm.collective_rpc(clock)
+    (after_none,) = sampler.llm.collective_rpc(clock)
+    return {"after_request": after_request, "after_none": after_none}
 
 
 def main() -> None:
@@ -69,6 +82,7 @@ def main() -> None:
             last = dataclasses.replace(options.config, first_version=5)
             broken = run_check(fresh_trainer(), sampler, publisher, probes, last, on_step=break_after_step_1)
             (after_broken,) = sampler.llm.collective_rpc(_report)
+            switch = _switch_times(sampler)
         finally:
             for step in cleanup:
                 step()
@@ -82,6 +96,7 @@ def main() -> None:
             "broken_passed": broken.passed,
             "broken_failed_at": None if failure is None else failure.step,
             "after_broken": after_broken,
+            "switch_times": switch,
         },
         sys.stdout,
     )

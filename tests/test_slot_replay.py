@@ -135,7 +135,7 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
     (their models cloned from the first check's: load_memo) and passes, the third replays zeros where the factors go
     from its step 4 on (a replay that only skipped the copies would leave the slot index's earlier contents: a version
     perturbed like this one, so the check could not tell): the check fails at step 5, and the serving slots differ from
-    what vLLM's own loop writes."""
+    what vLLM's own loop writes. The layout bench's switch clock runs on the same worker (a request's steps timed)."""
     run = Path(__file__).with_name("slot_replay_run.py")
     done = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -149,3 +149,7 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
     assert loads == {"loaded": 2, "cloned": 2}  # the second check's versions' LoRAModels cloned from the first's
     assert not out["broken_passed"] and out["broken_failed_at"] == 5
     assert out["after_broken"]["replayed"] == 4 and not out["after_broken"]["matches_vllm"]
+    # the layout bench's switch clock on vLLM's own worker: the request's steps timed, nothing without one
+    switch = out["switch_times"]
+    assert len(switch["after_request"]) >= 1 and all(0 < t < 5 for t in switch["after_request"])
+    assert switch["after_none"] == []

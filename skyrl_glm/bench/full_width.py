@@ -4,8 +4,9 @@ config-only checkpoint, an update timed to the first request served on it, and t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 NO_ADAPTER = "none"  # --layouts: an engine without LoRA, the decode baseline
 
@@ -23,27 +24,61 @@ def full_width_model(directory: Path, layers: int, expert_width: int | None = No
     return directory
 
 
-def publish_to_first_request(
-    sampler: Any, publisher: Any, adapter: Any, config: dict[str, Any], version: int, *, repeat: bool = True
-) -> tuple[Any, float, float, float | None]:
-    """One update on a GPU engine, timed to the end of the first request served on it: ``(result, seconds to the
-    end of the publish, seconds to the end of that request, seconds of the same request again)``. The repeat
-    (``repeat``; else None) runs on the adapter already active, so the first request's extra over it is what the new
-    version cost to activate (vLLM copies a new LoRA into its slots on first use); a rejected update raises."""
-    import torch
+class Served(NamedTuple):
+    """One update timed to the first request served on it (seconds): from before the publish to its end
+    (``published_s``) and to the first request's end (``first_s``); the same request again on the adapter already
+    active (``repeat_s``); and, with a switch clock, the time vLLM's worker spent pointing each request at its
+    adapter (``switch_s``, ``repeat_switch_s``: see :class:`~skyrl_glm.bench.load_layouts.SlotReport`)."""
+
+    result: Any
+    published_s: float
+    first_s: float
+    repeat_s: float | None
+    switch_s: float | None
+    repeat_switch_s: float | None
+
+
+def _request(sampler: Any) -> float:
+    """One greedy one-token request on the sampler's current adapter; its seconds."""
     from vllm import SamplingParams
 
-    first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-    prompt = [{"prompt_token_ids": [1, 2, 3, 4]}]
+    t0 = time.perf_counter()
+    sampler.llm.generate(
+        [{"prompt_token_ids": [1, 2, 3, 4]}],
+        SamplingParams(max_tokens=1, temperature=0.0, detokenize=False),
+        lora_request=sampler.adapter,
+        use_tqdm=False,
+    )
+    return time.perf_counter() - t0
+
+
+def publish_to_first_request(
+    sampler: Any,
+    publisher: Any,
+    adapter: Any,
+    config: dict[str, Any],
+    version: int,
+    *,
+    repeat: bool = True,
+    switch_clock: Callable[[], float] | None = None,
+) -> Served:
+    """One update on a GPU engine, timed to the end of the first request served on it, then (``repeat``) the same
+    request again; a rejected update raises. ``switch_clock``: the worker's seconds in vLLM's adapter switch since
+    its last call (called after the publish, then after each request), read apart from the requests' own time,
+    which on a 75-layer engine varies by up to 0.1 s from one request to the next (measured on one H200)."""
+    import torch
+
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     result = publisher.publish(adapter, config, version)
     if not result.ok:
         raise RuntimeError(f"update {version} was rejected: {result.reason}")
-    t1 = time.perf_counter()
-    sampler.llm.generate(prompt, first, lora_request=sampler.adapter, use_tqdm=False)
-    t2 = time.perf_counter()
+    published = time.perf_counter() - t0
+    if switch_clock is not None:
+        switch_clock()
+    first = published + _request(sampler)
+    switch = switch_clock() if switch_clock is not None else None
     if not repeat:
-        return result, t1 - t0, t2 - t0, None
-    sampler.llm.generate(prompt, first, lora_request=sampler.adapter, use_tqdm=False)
-    return result, t1 - t0, t2 - t0, time.perf_counter() - t2
+        return Served(result, published, first, None, switch, None)
+    again = _request(sampler)
+    return Served(result, published, first, again, switch, switch_clock() if switch_clock is not None else None)

@@ -143,12 +143,10 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
             for _ in range(warmup + rounds):
                 for path, publisher in publishers.items():
                     version += 1
-                    result, _, to_first, _ = publish_to_first_request(
-                        sampler, publisher, adapter, config, version, repeat=False
-                    )
-                    t = result.timings
+                    served = publish_to_first_request(sampler, publisher, adapter, config, version, repeat=False)
+                    t = served.result.timings
                     row = _memory_row(t) if path == "memory" else {k: t[k] for k in STAGES["disk"]}
-                    row["first_request_s"] = to_first
+                    row["first_request_s"] = served.first_s
                     runs[path].append(row)
         finally:
             transport.release()

@@ -6,8 +6,9 @@ rank-``--rank`` Megatron-Bridge-shaped adapters (one adapter per layer shared by
 2, 4, ... MoE layers go over CUDA IPC, are received in the engine's layout, loaded, and timed to the first request
 on the new version. Per update: ``receive_s`` (the worker RPC: transfer, verify, build the layout), ``load_s``
 (``add_lora`` and the swap), ``request_s`` (the first request alone), ``repeat_s`` (the same request again, on the
-adapter already active), ``activation_s`` (the first request's extra over the repeat: what activating the new
-version cost) and ``to_first_request_s`` (from the publish to the first request's end). Each stage is fitted by
+adapter already active), ``activation_s`` (what the first request spent in vLLM's adapter switch, timed in the
+worker: :meth:`SlotReport.skyrl_glm_bench_switch_times`; ``repeat_activation_s`` the repeat's) and
+``to_first_request_s`` (from the publish to the first request's end). Each stage is fitted by
 least squares against the layer count (slope, intercept and residuals shown; the slope not below zero) and read at
 GLM-5.3's 75 MoE layers.
 
@@ -60,9 +61,17 @@ from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
 
 FULL_MOE_LAYERS = 75  # GLM-5.3: 78 layers, the first 3 dense
 FULL_LAYERS = 78
-STAGES = ("receive_s", "load_s", "request_s", "repeat_s", "activation_s", "to_first_request_s")
+STAGES = ("receive_s", "load_s", "request_s", "repeat_s", "activation_s", "repeat_activation_s", "to_first_request_s")
 DECODE_TOKENS = 64  # new tokens per sequence in the decode measurement
 DECODE_ROUNDS = 3  # timed rounds per batch size and request kind, after one untimed
+
+
+_SWITCH_TIMES = "_skyrl_glm_switch_times"  # on the worker's LoRA manager: seconds per set_active_adapters call
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 class SlotReport(LoraSyncWorkerExtension):
@@ -82,6 +91,31 @@ class SlotReport(LoraSyncWorkerExtension):
 
         manager = self.model_runner.lora_manager._adapter_manager
         return {**state(manager).counts, "matches_vllm": matches_vllm(manager, lora_id)}
+
+    def skyrl_glm_bench_switch_times(self) -> list[float]:
+        """Seconds of each call of vLLM's ``set_active_adapters`` since the last read, GPU work included (the first
+        read starts the clock). The model runner makes that call before every step: it puts the step's adapters in
+        slots if they are not there and hands the kernels the step's token-to-slot mapping, so on the first request
+        after a swap it holds all that the new version costs that request (the load already put it in a slot)."""
+        manager = self.model_runner.lora_manager
+        times = manager.__dict__.get(_SWITCH_TIMES)
+        if times is None:
+            times = manager.__dict__[_SWITCH_TIMES] = []
+            switch = manager.set_active_adapters
+
+            def set_active_adapters(*args: Any, **kwargs: Any) -> Any:
+                _synchronize()
+                t0 = time.perf_counter()
+                try:
+                    return switch(*args, **kwargs)
+                finally:
+                    _synchronize()
+                    times.append(time.perf_counter() - t0)
+
+            manager.set_active_adapters = set_active_adapters
+        read = list(times)
+        times.clear()
+        return read
 
     def skyrl_glm_bench_lora_slots(self) -> dict[str, int]:
         """Bytes of every LoRA slot tensor vLLM allocated at start (each storage once), routed experts apart."""
@@ -203,6 +237,10 @@ def _updates(
 
     transport = open_transport(GPU_LOCAL)
     publisher = InMemoryPublisher(sampler, transport, shared_storage=True)
+
+    def switch_clock() -> float:
+        return sum(sampler.llm.collective_rpc("skyrl_glm_bench_switch_times")[0])
+
     rows: dict[str, dict[int, list[dict[str, float]]]] = {path: {} for path in WRITES}
     checks: list[dict[str, Any]] = []
     try:
@@ -212,8 +250,8 @@ def _updates(
                 for path in WRITES:
                     sampler.llm.collective_rpc("skyrl_glm_bench_slot_replay", args=(path == "replay",))
                     version += 1
-                    result, published, to_first, repeat = publish_to_first_request(
-                        sampler, publisher, adapter.tensors, config, version
+                    served = publish_to_first_request(
+                        sampler, publisher, adapter.tensors, config, version, switch_clock=switch_clock
                     )
                     if path == "replay":
                         report = sampler.llm.collective_rpc(
@@ -221,15 +259,16 @@ def _updates(
                         )[0]
                         checks.append({"layers": layers, "version": version, **report})
                     if i >= warmup:
-                        t = result.timings
+                        t = served.result.timings
                         rows[path].setdefault(layers, []).append(
                             {
                                 "receive_s": t["receive_rpc_s"],
                                 "load_s": t["load_s"],
-                                "request_s": to_first - published,
-                                "repeat_s": repeat,
-                                "activation_s": to_first - published - repeat,
-                                "to_first_request_s": to_first,
+                                "request_s": served.first_s - served.published_s,
+                                "repeat_s": served.repeat_s,
+                                "activation_s": served.switch_s,
+                                "repeat_activation_s": served.repeat_switch_s,
+                                "to_first_request_s": served.first_s,
                             }
                         )
     finally:
@@ -406,24 +445,24 @@ def end_to_end(report: dict[str, Any], syncs: list[dict[str, Any]]) -> dict[str,
     whole sync of the one-per-layer adapter plus the per-expert load and activation (its receiver is its own). A
     layout whose adapter no report sent gets no row (``no_sync``): a sender of another adapter would misstate it.
 
-    The activation is the median over the measured layer counts, not a fit: vLLM copies a new adapter into its slots
-    inside ``add_lora`` (``LRUCacheWorkerLoRAManager.add_adapter`` activates it), so that per-layer work is in the
-    load; what is left for the first request has no per-layer part, and a fit of it read at 75 layers multiplies
-    its few-ms jitter (measured on one H200: medians -10 to +9 ms, fits -93 to +249 ms). Held at zero or above: on
-    a 75-layer engine a one-token request takes 0.3-0.7 s and varies by up to 0.1 s, which a median of four layer
-    counts can read as a negative activation (measured: -15 ms)."""
+    The activation is what the first request on the new version spent in vLLM's adapter switch, timed inside the
+    worker (the load already put the adapter in its slots: ``LRUCacheWorkerLoRAManager.add_adapter`` activates it),
+    as measured where the engine served 75 layers, else the median over the measured counts (it has no per-layer
+    part, and a fit of a few layers multiplies its jitter). It was the first request's time less the repeat's,
+    which on a 75-layer engine read anything from -113 to +76 ms: a one-token request there takes 0.3-0.6 s and
+    varies by up to 0.1 s from one to the next (measured on one H200)."""
     by_groups = {sync_groups(s): s for s in syncs}
 
     def at_75(layout: str, stage: str) -> float | None:
-        """The stage at 75 layers: as measured where the engine served 75, else its fit; the activation's median;
-        None where the layout's engine did not run."""
+        """The stage at 75 layers: as measured where the engine served 75, else its fit (the activation: the median
+        of the measured counts); None where the layout's engine did not run."""
         r = report["layouts"].get(layout, {})
         if "fit_75" not in r:
             return None
-        if stage == "activation_s":  # a cost, not below zero: a request's jitter can exceed it (see above)
-            return max(0.0, statistics.median(m[stage] for m in r["medians_s"].values()))
         if measured := r["medians_s"].get(str(FULL_MOE_LAYERS)):
             return measured[stage]
+        if stage == "activation_s":
+            return statistics.median(m[stage] for m in r["medians_s"].values())
         return r["fit_75"][stage]["value"]
 
     def sender(sync: dict[str, Any]) -> float:
