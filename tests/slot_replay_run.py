@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pstats
 import sys
 import tempfile
 from pathlib import Path
@@ -41,6 +42,19 @@ def _switch_times(sampler):
     (after_request,) = sampler.llm.collective_rpc(clock)
     (after_none,) = sampler.llm.collective_rpc(clock)
     return {"after_request": after_request, "after_none": after_none}
+
+
+def _profiled(sampler, path):
+    """The bench's worker profile on this engine: started, one request, written to ``path``; and a stop without a
+    start (False: nothing written)."""
+    from skyrl_glm.bench.load_layouts import SlotReport
+
+    profile = SlotReport.skyrl_glm_bench_profile
+    (started,) = sampler.llm.collective_rpc(profile, args=(None,))
+    sampler.generate([[1, 2, 3, 4]], 1)
+    (written,) = sampler.llm.collective_rpc(profile, args=(path,))
+    (again,) = sampler.llm.collective_rpc(profile, args=(path + ".again",))
+    return {"started": started, "written": written, "again": again, "path": path}
 
 
 def main() -> None:
@@ -83,6 +97,8 @@ def main() -> None:
             broken = run_check(fresh_trainer(), sampler, publisher, probes, last, on_step=break_after_step_1)
             (after_broken,) = sampler.llm.collective_rpc(_report)
             switch = _switch_times(sampler)
+            profiled = _profiled(sampler, str(Path(tmp) / "worker.prof"))
+            profiled["functions"] = sorted({f[2] for f in pstats.Stats(profiled["path"]).stats})
         finally:
             for step in cleanup:
                 step()
@@ -97,6 +113,7 @@ def main() -> None:
             "broken_failed_at": None if failure is None else failure.step,
             "after_broken": after_broken,
             "switch_times": switch,
+            "profiled": profiled,
         },
         sys.stdout,
     )

@@ -262,6 +262,8 @@ def test_narrowed_experts_give_no_slot_memory_at_75(tmp_path, capsys) -> None:
         (["--layers", "200"], "--layers with the tiny checkpoint: decoder layers in 1..128"),
         (["--config", "full", "--layouts", "grouped:4", "--expert-width", "100"], "a multiple of 64 in 64..2048"),
         (["--config", "full", "--expert-width", "64"], "--expert-width narrows the engine of a layout comparison"),
+        (["--config", "full", "--profile-dir", "{missing}"], "--profile-dir profiles the engines of a layout"),
+        (["--config", "full", "--layouts", "grouped:4", "--profile-dir", "{bad}"], "exists and is not a directory"),
     ],
 )
 def test_bad_layout_options_are_one_line(args: list[str], message: str, tmp_path) -> None:

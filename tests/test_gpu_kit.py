@@ -396,3 +396,17 @@ def test_gpu_verify_seed_steps_lr_and_fault_at_step_variants(tmp_path: Path) -> 
     assert {"trainer.train_batch_size=16", "generator.n_samples_per_prompt=32"} <= set(args)
     assert "skyrl_glm.sync.fault=drop-shared-experts skyrl_glm.sync.fault_at_step=3 " in fault, fault
     assert f"trainer.log_path={out}/runs/train_glm53_fault_drop_shared_experts_at3/logs" in fault
+
+
+def test_gpu_verify_load_profiles_the_engines_on_request(tmp_path: Path) -> None:
+    """``LOAD_PROFILE=1`` hands the layout bench a profile directory inside ``$OUT`` (so the profiles come back with
+    the results); without it, none."""
+    done, out = _gpu_verify_with_stand_in(tmp_path, "load", LOAD_LAYOUTS="shared-all", LOAD_PROFILE="1")
+    assert "load: exit 0 in " in done.stdout, done.stdout
+    with tarfile.open(out / "results.tar.gz") as tar:
+        log = tar.extractfile("logs/load.log").read().decode()  # type: ignore[union-attr]
+    assert f"--profile-dir {out}/profiles " in log, log
+    (tmp_path / "plain").mkdir()
+    done, out = _gpu_verify_with_stand_in(tmp_path / "plain", "load", LOAD_LAYOUTS="shared-all")
+    with tarfile.open(out / "results.tar.gz") as tar:
+        assert "--profile-dir" not in tar.extractfile("logs/load.log").read().decode()  # type: ignore[union-attr]

@@ -153,3 +153,8 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
     switch = out["switch_times"]
     assert len(switch["after_request"]) >= 1 and all(0 < t < 5 for t in switch["after_request"])
     assert switch["after_none"] == []
+    # the layout bench's worker profile: written by the worker, holding the step's LoRA switch; a second stop writes
+    # nothing
+    profiled = out["profiled"]
+    assert (profiled["started"], profiled["written"], profiled["again"]) == (True, True, False)
+    assert "set_active_adapters" in profiled["functions"]

@@ -37,7 +37,7 @@ from skyrl_glm.check.runner import check_device
 from skyrl_glm.plugins import registry
 from skyrl_glm.provenance import provenance
 from skyrl_glm.sync.transports import GPU_LOCAL, HOST_LOCAL, open_transport
-from skyrl_glm.usage import PROG, UsageError, positive_int, print_error, writable_file
+from skyrl_glm.usage import PROG, UsageError, positive_int, print_error, writable_dir, writable_file
 
 TINY_MAX_LAYERS = 128  # a deepened tiny checkpoint (a few MB a layer on the CPU)
 STAGES = {"memory": ("plan_s", "receive_s", "load_s", "total_s"), "disk": ("write_s", "load_s", "total_s")}
@@ -290,6 +290,11 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
             raise UsageError("--layouts none (an engine without LoRA) is the --decode baseline: add --decode")
         if args.expert_width is not None and layouts is None:
             raise UsageError("--expert-width narrows the engine of a layout comparison: add --layouts")
+        profile_dir = None
+        if args.profile_dir is not None:
+            if layouts is None:
+                raise UsageError("--profile-dir profiles the engines of a layout comparison: add --layouts")
+            profile_dir = writable_dir("--profile-dir", args.profile_dir).resolve()
         if args.config == "full":
             from skyrl_glm.bench.synthetic import model_config
 
@@ -318,10 +323,13 @@ def _cmd_bench_load(args: argparse.Namespace) -> int:
             if args.json:
                 strict_json.write(so_far, args.json, indent=1)
 
+        if profile_dir is not None:
+            profile_dir.mkdir(parents=True, exist_ok=True)
         with Phases(Console(stderr=True), prefix="bench load") as phases:
             report = run_layout_bench(
                 layers, layouts, args.rounds, args.warmup, args.rank, syncs, args.max_loras, decode,
                 progress=phases.line, after_layout=keep, expert_width=args.expert_width,
+                profile_dir=profile_dir,
             )  # fmt: skip
         print_layout_report(report)
         if args.plot:
@@ -384,6 +392,11 @@ def add_parser(sub: Any) -> None:
         "fit on one GPU and the engine side is measured at 75 (names, modules and other widths as GLM-5.3's)",
     )
     p.add_argument("--plot", default=None, help="with --layouts: write the fit and slot-memory PNG here")
+    p.add_argument(
+        "--profile-dir",
+        default=None,
+        help="with --layouts: each engine's worker writes a cProfile of its updates here (<layout>.prof)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="timed updates per path (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed updates per path first")
     p.add_argument("--json", default=None, help="write the report as JSON")

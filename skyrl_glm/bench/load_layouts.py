@@ -32,6 +32,9 @@ per-expert names through the same loader). The
 request itself is left out: on a few-layer engine it is tens of ms of fixed work whose spread exceeds its slope
 (measured on one H200), so its fit says nothing of a 75-layer forward, which every request pays anyway.
 
+``--profile-dir DIR``: each engine's worker profiles its updates (cProfile, ``DIR/<layout>.prof``): the receive's and
+the load's Python on the engine's side, per function, which a profile of the bench's process cannot see.
+
 A ``grouped:G`` layout serves an adapter shared by G groups of consecutive experts per layer (Megatron-Bridge's
 ``share_expert_adapters`` under EP G); the other layouts the one-per-layer adapter. ``max_loras``: resident
 versions per engine (3 for asynchronous RL: the version in flight, the next, the one staging).
@@ -67,6 +70,7 @@ DECODE_ROUNDS = 3  # timed rounds per batch size and request kind, after one unt
 
 
 _SWITCH_TIMES = "_skyrl_glm_switch_times"  # on the worker's LoRA manager: seconds per set_active_adapters call
+_PROFILE = "_skyrl_glm_bench_profile"  # on the worker: its running cProfile.Profile
 
 
 def _synchronize() -> None:
@@ -116,6 +120,24 @@ class SlotReport(LoraSyncWorkerExtension):
         read = list(times)
         times.clear()
         return read
+
+    def skyrl_glm_bench_profile(self, path: str | None) -> bool:
+        """Start profiling this worker's Python (``path`` None), or stop and write the stats to ``path`` (pstats
+        format; False if none was running): what the receive, the load and the steps spend per function on the
+        engine's side, which a profile of the bench's process cannot see (the engine runs in its own)."""
+        import cProfile
+
+        running = self.__dict__.pop(_PROFILE, None)
+        if running is not None:
+            running.disable()
+        if path is None:
+            profile = self.__dict__[_PROFILE] = cProfile.Profile()
+            profile.enable()
+            return True
+        if running is None:
+            return False
+        running.dump_stats(path)
+        return True
 
     def skyrl_glm_bench_lora_slots(self) -> dict[str, int]:
         """Bytes of every LoRA slot tensor vLLM allocated at start (each storage once), routed experts apart."""
@@ -227,10 +249,17 @@ WRITES = ("replay", "vllm")
 
 
 def _updates(
-    sampler: Any, adapters: dict[int, Any], rank: int, rounds: int, warmup: int, version: int
+    sampler: Any,
+    adapters: dict[int, Any],
+    rank: int,
+    rounds: int,
+    warmup: int,
+    version: int,
+    profile: Path | None = None,
 ) -> tuple[dict[str, dict[int, list[dict[str, float]]]], list[dict[str, Any]], int]:
     """Per slot-write path and layer count: every timed update's stages (each path's first ``warmup`` dropped); the
-    replay's report after each replayed update; ``version``: the last one used."""
+    replay's report after each replayed update; ``version``: the last one used. ``profile``: where the worker writes
+    its profile of all of them (:meth:`SlotReport.skyrl_glm_bench_profile`)."""
     from skyrl_glm.bench.full_width import publish_to_first_request
     from skyrl_glm.lora.bridge import adapter_config
     from skyrl_glm.sync.publisher import InMemoryPublisher
@@ -243,6 +272,8 @@ def _updates(
 
     rows: dict[str, dict[int, list[dict[str, float]]]] = {path: {} for path in WRITES}
     checks: list[dict[str, Any]] = []
+    if profile is not None:
+        sampler.llm.collective_rpc("skyrl_glm_bench_profile", args=(None,))
     try:
         for layers, adapter in adapters.items():
             config = adapter_config(rank, 2 * rank, adapter.targets)
@@ -273,6 +304,8 @@ def _updates(
                         )
     finally:
         transport.release()
+        if profile is not None:
+            sampler.llm.collective_rpc("skyrl_glm_bench_profile", args=(str(profile),))
     return rows, checks, version
 
 
@@ -323,10 +356,12 @@ def run_layout_bench(
     progress: Callable[[str], None] = lambda line: None,
     after_layout: Callable[[dict[str, Any]], None] = lambda report: None,
     expert_width: int | None = None,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Every layout on its own engine, every layer count on each; see the module docstring. ``progress`` gets one
     phase line per wait (:mod:`skyrl_glm.phases`); ``after_layout`` the report so far (``complete`` false) after each
-    layout, so a run stopped midway keeps what it measured."""
+    layout, so a run stopped midway keeps what it measured. ``profile_dir``: each engine's worker writes its profile
+    of the updates there (``<layout>.prof``, pstats format)."""
     from skyrl_glm.bench.full_width import full_width_model
     from skyrl_glm.plugins import registry
     from skyrl_glm.provenance import provenance
@@ -401,7 +436,10 @@ def run_layout_bench(
                     continue
                 slots = sampler.llm.collective_rpc("skyrl_glm_bench_lora_slots")[0]
                 progress(f"{layout}: {warmup + rounds} updates at each of {len(adapters)} layer count(s) ...")
-                by_path, replay_checks, version = _updates(sampler, adapters, rank, rounds, warmup, version)
+                profile = None if profile_dir is None else profile_dir / f"{layout.replace(':', '_')}.prof"
+                by_path, replay_checks, version = _updates(sampler, adapters, rank, rounds, warmup, version, profile)
+                if profile is not None:
+                    results[layout]["profile"] = str(profile)
                 progress(f"{layout}: updates timed")
                 if decode:
                     progress(f"{layout}: decode at batch {','.join(map(str, decode))}, adapter on and off ...")
