@@ -9,7 +9,7 @@ import torch
 from vllm.lora.lora_model import LoRAModel
 from vllm.lora.peft_helper import PEFTHelper
 
-from skyrl_glm.sync.vllm.load_memo import Template, structure
+from skyrl_glm.sync.vllm.load_memo import Template, forget_structure, note_structure, structure, structure_key
 
 CONFIG = {"r": 4, "lora_alpha": 4, "target_modules": ["q_proj", "o_proj"]}
 
@@ -52,6 +52,47 @@ def test_a_clone_is_what_vllm_builds_from_the_new_tensors():
 def test_a_model_of_converted_factors_gives_no_template():
     staged = _tensors(0, torch.float32)
     assert Template.of(_build(1, staged, dtype=torch.bfloat16), staged) is None  # vLLM cast each: copies
+
+
+def test_a_structure_the_receiver_vouched_for_keys_the_load_without_reading_the_tensors():
+    """The receiver notes a staged adapter's layout identity; the load's key is then that note (and the config),
+    taken once, for that dict of tensors only; anything else reads every tensor's kind."""
+    a, b = _tensors(0), _tensors(1)
+    note_structure("policy@v1", a, (b"layout", "shared-all"))
+    note_structure("policy@v2", b, (b"layout", "shared-all"))
+    first, second = structure_key("policy@v1", a, CONFIG), structure_key("policy@v2", b, CONFIG)
+    assert first == second and "vouched" in first and first != structure(a, CONFIG)
+    assert structure_key("policy@v1", a, CONFIG) == structure(a, CONFIG)  # taken once
+    note_structure("policy@v3", a, (b"layout", "shared-all"))
+    assert structure_key("policy@v3", _tensors(0), CONFIG) == structure(a, CONFIG)  # another dict: not its note
+    note_structure("policy@v4", a, (b"other", "shared-all"))
+    assert structure_key("policy@v4", a, CONFIG) != first  # another layout identity: another key
+    note_structure("policy@v5", a, (b"layout", "shared-all"))
+    assert structure_key("policy@v5", a, {**CONFIG, "lora_alpha": 8}) != first  # the config is in the key
+    note_structure("policy@v6", a, (b"layout", "shared-all"))
+    forget_structure("policy@v6")  # discarded before its load
+    assert structure_key("policy@v6", a, CONFIG) == structure(a, CONFIG)
+
+
+def test_the_receiver_vouches_for_a_parsed_layout_in_its_engine_layout():
+    """Two updates of one layout get one structure (the second's layout parsed against the first's), a manifest
+    built in code none."""
+    from skyrl_glm.sync.plan import build_plan
+    from skyrl_glm.sync.receiver import AdapterReceiver
+    from skyrl_glm.sync.transports import HOST_LOCAL, open_transport
+
+    tensors = _tensors(0)
+    transport, receiver, got = open_transport(HOST_LOCAL), AdapterReceiver(), []
+    for version in (1, 2):
+        plan = build_plan(
+            tensors, adapter_config=CONFIG, lora_name="policy", version=version, staging=transport.staging
+        )
+        handle = transport.prepare(plan)
+        transport.stream(plan)
+        got.append(receiver.receive(plan.manifest.to_json(), handle, open_transport(HOST_LOCAL)))
+        transport.release()
+    assert got[0].structure is not None and got[0].structure == got[1].structure
+    assert got[0].structure[1] == "per-expert"
 
 
 def test_aliasing_and_config_are_part_of_the_structure():

@@ -40,6 +40,9 @@ class ReceivedAdapter:
     adapter_config: dict[str, Any]
     tensors: dict[str, torch.Tensor]  # what the engine loads: views of one private buffer (see ``layout``)
     timings: dict[str, float] = field(default_factory=dict)
+    # the manifest's layout identity and the engine layout it was arranged in: updates with equal ones have tensors
+    # of one structure (names, shapes, strides, dtypes, aliasing); None for a manifest built in code
+    structure: tuple[bytes, str] | None = None
 
 
 def structure_errors(manifest: Manifest) -> str | None:
@@ -204,7 +207,10 @@ class AdapterReceiver:
             "rebuild_s": time.perf_counter() - t3,
         }
         self.known = manifest
-        return ReceivedAdapter(manifest.version, manifest.lora_name, manifest.adapter_config, tensors, timings)
+        structure = None if manifest.layout_key is None else (manifest.layout_key, self.layout)
+        return ReceivedAdapter(
+            manifest.version, manifest.lora_name, manifest.adapter_config, tensors, timings, structure
+        )
 
     def _arrangement(self, manifest: Manifest) -> Arrangement:
         """The arrangement of ``manifest``'s layout in the engine's (the kept one for the same layout identity)."""

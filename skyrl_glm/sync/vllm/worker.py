@@ -31,6 +31,7 @@ from skyrl_glm.sync.transports import needs_group, open_transport
 from skyrl_glm.sync.transports.base import Transport, TransportError
 from skyrl_glm.sync.update import describe_error
 from skyrl_glm.sync.vllm.control import ControlRefused, verify
+from skyrl_glm.sync.vllm.load_memo import forget_structure, note_structure
 
 
 def staged_name(lora_name: str, version: int) -> str:
@@ -113,6 +114,8 @@ class LoraSyncWorkerExtension:
             adapter = state.receiver.receive(manifest_json, handle, tx, verify=check, staged=state.newest())
             name = staged_name(adapter.lora_name, adapter.version)
             stage_in_memory_adapter(name, adapter.tensors, adapter.adapter_config)
+            if adapter.structure is not None:
+                note_structure(name, adapter.tensors, adapter.structure)
             state.staged[name] = adapter.version
         except ControlRefused as e:
             return {"ok": False, "reason": f"control call refused: {e}"}
@@ -138,6 +141,7 @@ class LoraSyncWorkerExtension:
         state.receiver.commit(version)
         for name in [n for n in mine if n not in keep]:
             discard_in_memory_adapter(name)
+            forget_structure(name)
             del mine[name]
         return sorted(mine)
 
@@ -150,6 +154,7 @@ class LoraSyncWorkerExtension:
         if name == state.serving:
             raise ControlRefused(f"skyrl_glm_discard: {name!r} is serving")
         del state.staged[name]
+        forget_structure(name)
         return discard_in_memory_adapter(name)
 
     def skyrl_glm_staged(self, *args: Any, **kwargs: Any) -> list[str]:
