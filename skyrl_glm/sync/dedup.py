@@ -132,8 +132,8 @@ class _Kinds:
     def rows(self, objs: Sequence[torch.Tensor], ptrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(kinds, views)`` of ``objs`` (at ``ptrs``)."""
         m = len(objs)
-        shapes = self._ids(self.shapes, tuple(map(_shape, objs)))
-        dtypes = self._ids(self.dtypes, tuple(map(_dtype, objs)))
+        shapes = self._ids(self.shapes, tuple(map(shape_of, objs)))
+        dtypes = self._ids(self.dtypes, tuple(map(dtype_of, objs)))
         # sizes from the few distinct shapes and dtypes, not one more call per object
         numel = np.array([math.prod(shape) for shape in self.shapes], dtype=np.int64)
         itemsize = np.array([dtype.itemsize for dtype in self.dtypes], dtype=np.int64)
@@ -187,8 +187,10 @@ class _Slice:
         return cls(names, position.reshape(-1), objs, ptrs[heads], contiguous, *kinds.rows(objs, ptrs[heads]))
 
 
-_shape = operator.attrgetter("shape")
-_dtype = operator.attrgetter("dtype")
+shape_of = operator.attrgetter(
+    "shape"
+)  # per-tensor getters for C-level maps over many tensors (also plan's, the memo's)
+dtype_of = operator.attrgetter("dtype")
 _nbytes = operator.attrgetter("nbytes")
 
 
@@ -440,7 +442,7 @@ _strides = operator.methodcaller("stride")
 
 def _view_kinds(tensors: Sequence[torch.Tensor]) -> list[tuple]:
     """``(shape, dtype, strides)`` per tensor: what the manifest and the packing read of a sent tensor."""
-    return list(zip(map(_shape, tensors), map(_dtype, tensors), map(_strides, tensors), strict=True))
+    return list(zip(map(shape_of, tensors), map(dtype_of, tensors), map(_strides, tensors), strict=True))
 
 
 def _view_rows(tensors: Sequence[torch.Tensor], ids: np.ndarray) -> np.ndarray:

@@ -34,12 +34,11 @@ from typing import Any
 
 import torch
 
-from skyrl_glm.sync.dedup import Dedup
+from skyrl_glm.sync.dedup import Dedup, dtype_of, shape_of
 
 log = logging.getLogger(__name__)
 
 VERIFY_EVERY = 16  # syncs per full export (the memo's own check) once it has learned
-_shape, _dtype = operator.attrgetter("shape"), operator.attrgetter("dtype")
 _stride, _device, _offset = torch.Tensor.stride, torch.Tensor.get_device, torch.Tensor.storage_offset
 _address = torch.Tensor.data_ptr
 
@@ -112,7 +111,9 @@ class ExportMemo:
     def _kinds(params: Sequence[torch.Tensor]) -> list[tuple[Any, ...]]:
         """Each parameter's shape, strides, dtype and device index, read by C-level maps (no Python step per
         parameter: 25,000 of them at ``grouped:64``)."""
-        kinds = zip(map(_shape, params), map(_stride, params), map(_dtype, params), map(_device, params), strict=True)
+        kinds = zip(
+            map(shape_of, params), map(_stride, params), map(dtype_of, params), map(_device, params), strict=True
+        )
         return list(kinds)
 
     def _rebuilt(self, params: Sequence[torch.Tensor]) -> Dedup:

@@ -17,7 +17,6 @@ Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT stat
 from __future__ import annotations
 
 import json
-import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 )
 
 from skyrl_glm.sync.checksum import span_checks
-from skyrl_glm.sync.dedup import Dedup, DedupMemo, deduplicate
+from skyrl_glm.sync.dedup import Dedup, DedupMemo, deduplicate, dtype_of, shape_of
 from skyrl_glm.sync.manifest import CHECKSUM_CHARS, DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
 from skyrl_glm.sync.nogc import paused_gc
 
@@ -161,8 +160,8 @@ class PlanCache:
         tensors = dedup.unique.values()
         return (
             list(dedup.unique),
-            list(map(_dtype, tensors)),
-            list(map(_shape, tensors)),
+            list(map(dtype_of, tensors)),
+            list(map(shape_of, tensors)),
             list(dedup.runs),
             dict(dedup.explicit),
             config_json,
@@ -178,10 +177,6 @@ class PlanCache:
 
     def put(self, key: tuple, layout: _Layout) -> None:
         self.key, self.layout = key, layout
-
-
-_dtype = operator.attrgetter("dtype")
-_shape = operator.attrgetter("shape")
 
 
 def _new_layout(dedup: Dedup, config: dict[str, Any], lora_name: str, bucket_bytes: int) -> _Layout:
