@@ -9,9 +9,11 @@ time but for the source tensors and the slot index.
 The first activation of a structure runs vLLM's loop under a :class:`~torch.utils._python_dispatch.TorchDispatchMode`
 that records every write: into which LoRA slot tensor, where inside the slot's index block, and from which view of
 which of the adapter's factors (or which constant). Later activations of that structure keep vLLM's bookkeeping
-(which id sits in which slot) and skip only its per-module writes, replaying the recording instead: zero fills and
-other constants in two batched calls, factor views in one ``torch._foreach_copy_``, at whatever slot index vLLM
-chose (on one H200, ``grouped:4`` at 1 to 5 full-width layers: 4.2-4.6 ms a load against 4.7-6.8 ms).
+(which id sits in which slot) and skip only its per-module writes, replaying the recording instead, at whatever
+slot index vLLM chose: zero fills, other constants and factor views in a few batched ``_foreach`` calls, each a run
+of writes of one kind (:func:`runs`: torch's one-launch path takes a call only if all of it qualifies), and no zero
+fill the copies overwrite whole. On one H200, a 75-layer engine: a one-layer adapter's load 8-12 ms, a 75-layer
+one's 16-24 ms, against 27-65 ms with vLLM's loop in the same engines.
 
 A recording is kept only if that replay provably leaves what vLLM's loop leaves: every write is a ``copy_``,
 ``fill_`` or ``zero_`` into a LoRA slot tensor's block at the activated index; a copied source is a view of a factor
