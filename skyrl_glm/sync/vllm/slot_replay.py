@@ -13,7 +13,7 @@ which of the adapter's factors (or which constant). Later activations of that st
 slot index vLLM chose: zero fills, other constants and factor views in a few batched ``_foreach`` calls, each a run
 of writes of one kind (:func:`runs`: torch's one-launch path takes a call only if all of it qualifies), and no zero
 fill the copies overwrite whole. On one H200, a 75-layer engine: a one-layer adapter's load 8-12 ms, a 75-layer
-one's 16-24 ms, against 27-65 ms with vLLM's loop in the same engines.
+one's 16-24 ms, against 22-29 and 50-65 ms with vLLM's loop in the same engines.
 
 A recording is kept only if that replay provably leaves what vLLM's loop leaves: every write is a ``copy_``,
 ``fill_`` or ``zero_`` into a LoRA slot tensor's block at the activated index; a copied source is a view of a factor
