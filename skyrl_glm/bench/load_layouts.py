@@ -80,7 +80,8 @@ def _synchronize() -> None:
 
 class SlotReport(LoraSyncWorkerExtension):
     """The sync's worker extension plus the bench's own calls: the LoRA slot bytes (read only), the slot-write
-    replay on or off, and its counts with a comparison against vLLM's own writes."""
+    replay on or off, its counts with a comparison against vLLM's own writes, the adapter switch's clock and a
+    profile of the worker."""
 
     def skyrl_glm_bench_slot_replay(self, on: bool) -> None:
         """Activate adapters by replaying recorded slot writes (``on``) or with vLLM's own loop."""
@@ -96,12 +97,16 @@ class SlotReport(LoraSyncWorkerExtension):
         manager = self.model_runner.lora_manager._adapter_manager
         return {**state(manager).counts, "matches_vllm": matches_vllm(manager, lora_id)}
 
-    def skyrl_glm_bench_switch_times(self) -> list[float]:
+    def skyrl_glm_bench_switch_times(self, keep: bool = True) -> list[float]:
         """Seconds of each call of vLLM's ``set_active_adapters`` since the last read, GPU work included (the first
-        read starts the clock). The model runner makes that call before every step: it puts the step's adapters in
-        slots if they are not there and hands the kernels the step's token-to-slot mapping, so on the first request
-        after a swap it holds all that the new version costs that request (the load already put it in a slot)."""
+        read starts the clock; ``keep=False`` stops it: it synchronizes the GPU twice a step). The model runner makes
+        that call before every step: it puts the step's adapters in slots if they are not there and hands the
+        kernels the step's token-to-slot mapping, so on the first request after a swap it holds all that the new
+        version costs that request (the load already put it in a slot)."""
         manager = self.model_runner.lora_manager
+        if not keep:
+            manager.__dict__.pop("set_active_adapters", None)  # vLLM's method again
+            return manager.__dict__.pop(_SWITCH_TIMES, [])
         times = manager.__dict__.get(_SWITCH_TIMES)
         if times is None:
             times = manager.__dict__[_SWITCH_TIMES] = []
@@ -304,6 +309,7 @@ def _updates(
                         )
     finally:
         transport.release()
+        sampler.llm.collective_rpc("skyrl_glm_bench_switch_times", args=(False,))  # the decode runs without it
         if profile is not None:
             sampler.llm.collective_rpc("skyrl_glm_bench_profile", args=(str(profile),))
     return rows, checks, version
