@@ -214,14 +214,16 @@ def test_gpu_verify_refuses_a_bad_kv_cache_size_before_anything(tmp_path: Path) 
     assert not (tmp_path / "out").exists()  # nothing made or run
 
 
-def _gpu_verify_with_stand_in(tmp_path: Path, lane: str, **extra_env: str) -> tuple[Any, Path]:
-    """``scripts/gpu-verify LANE`` with a stand-in ``skyrl-glm`` on PATH that prints the arguments it was given (the
-    plumbing is under test, not SkyRL's loop): the finished process and its ``$OUT``."""
+def _gpu_verify_with_stand_in(
+    tmp_path: Path, lane: str, stand_in: str = 'echo "args: $*"', **extra_env: str
+) -> tuple[Any, Path]:
+    """``scripts/gpu-verify LANE`` with a stand-in ``skyrl-glm`` on PATH that prints the arguments it was given, or
+    runs ``stand_in`` (the plumbing is under test, not SkyRL's loop): the finished process and its ``$OUT``."""
     import subprocess
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "skyrl-glm").write_text('#!/bin/sh\necho "args: $*"\n')
+    (bin_dir / "skyrl-glm").write_text(f"#!/bin/sh\n{stand_in}\n")
     (bin_dir / "skyrl-glm").chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "GPU_BUDGET_S": "30", "PATH": f"{bin_dir}:{os.environ['PATH']}", **extra_env}
@@ -406,6 +408,14 @@ def test_gpu_verify_load_profiles_the_engines_on_request(tmp_path: Path) -> None
     with tarfile.open(out / "results.tar.gz") as tar:
         log = tar.extractfile("logs/load.log").read().decode()  # type: ignore[union-attr]
     assert f"--profile-dir {out}/profiles " in log, log
+    # what the engines write there comes back in the results file
+    (tmp_path / "again").mkdir()
+    writes = 'mkdir -p "$OUT/profiles" && echo x > "$OUT/profiles/a.prof"'
+    done, out = _gpu_verify_with_stand_in(
+        tmp_path / "again", "load", writes, LOAD_LAYOUTS="shared-all", LOAD_PROFILE="1"
+    )
+    with tarfile.open(out / "results.tar.gz") as tar:
+        assert tar.extractfile("profiles/a.prof").read() == b"x\n"  # type: ignore[union-attr]
     (tmp_path / "plain").mkdir()
     done, out = _gpu_verify_with_stand_in(tmp_path / "plain", "load", LOAD_LAYOUTS="shared-all")
     with tarfile.open(out / "results.tar.gz") as tar:
