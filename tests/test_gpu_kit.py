@@ -93,6 +93,31 @@ def test_split_cuts_the_parts_again_and_plan_refuses_a_call_over_the_limit(kit, 
     _same_tree(tree, tmp_path / "device" / "stack")
 
 
+def test_a_kit_without_megatron_leaves_its_parts_out_of_plan_store_and_install(kit, monkeypatch, capsys) -> None:
+    """``--without megatron`` (runs without SkyRL's Megatron trainer): the plan carries none of its parts and passes
+    the option on, and the install verifies the rest with those parts absent; only megatron can be left out."""
+    module, tree, tmp_path = kit
+    module.pack("megatron", tree, ["pkg==1"])
+    megatron = [n for n in module.parts(module.KIT) if n.startswith("megatron.")]
+    assert megatron
+    shutil.copy(ROOT / ".gitignore", module.KIT / "zstandard-0.25.0-py3-none-any.whl")  # the boot wheel's place
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "checkout_bytes", lambda: 0)
+    assert module.main(["plan", "--without", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert "megatron." not in out and "store --without megatron" in out and "install --without megatron" in out
+    for name in megatron:
+        (module.KIT / name).unlink()
+    assert set(module.verify(module.KIT)) == {"stack"}  # what the install checks and unpacks
+    module.LEFT_OUT = frozenset()
+    with pytest.raises(module.KitError, match="part missing"):
+        module.verify(module.KIT)
+    for argv in (["plan", "--without", "deps"], ["probe", "--without", "megatron"], ["store", "--without"]):
+        assert module.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("gpu-kit: --without"), err
+
+
 def test_corrupt_part_is_named(kit) -> None:
     module, _, _ = kit
     victim = module.KIT / module.parts(module.KIT)[1]
