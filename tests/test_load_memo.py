@@ -9,7 +9,14 @@ import torch
 from vllm.lora.lora_model import LoRAModel
 from vllm.lora.peft_helper import PEFTHelper
 
-from skyrl_glm.sync.vllm.load_memo import Template, forget_structure, note_structure, structure, structure_key
+from skyrl_glm.sync.vllm.load_memo import (
+    VOUCHED,
+    Template,
+    forget_structure,
+    note_structure,
+    structure,
+    structure_key,
+)
 
 CONFIG = {"r": 4, "lora_alpha": 4, "target_modules": ["q_proj", "o_proj"]}
 
@@ -55,23 +62,38 @@ def test_a_model_of_converted_factors_gives_no_template():
 
 
 def test_a_structure_the_receiver_vouched_for_keys_the_load_without_reading_the_tensors():
-    """The receiver notes a staged adapter's layout identity; the load's key is then that note (and the config),
-    taken once, for that dict of tensors only; anything else reads every tensor's kind."""
-    a, b = _tensors(0), _tensors(1)
-    note_structure("policy@v1", a, (b"layout", "shared-all"))
-    note_structure("policy@v2", b, (b"layout", "shared-all"))
-    first, second = structure_key("policy@v1", a, CONFIG), structure_key("policy@v2", b, CONFIG)
-    assert first == second and "vouched" in first and first != structure(a, CONFIG)
-    assert structure_key("policy@v1", a, CONFIG) == structure(a, CONFIG)  # taken once
-    note_structure("policy@v3", a, (b"layout", "shared-all"))
-    assert structure_key("policy@v3", _tensors(0), CONFIG) == structure(a, CONFIG)  # another dict: not its note
-    note_structure("policy@v4", a, (b"other", "shared-all"))
-    assert structure_key("policy@v4", a, CONFIG) != first  # another layout identity: another key
-    note_structure("policy@v5", a, (b"layout", "shared-all"))
-    assert structure_key("policy@v5", a, {**CONFIG, "lora_alpha": 8}) != first  # the config is in the key
-    note_structure("policy@v6", a, (b"layout", "shared-all"))
-    forget_structure("policy@v6")  # discarded before its load
-    assert structure_key("policy@v6", a, CONFIG) == structure(a, CONFIG)
+    """The worker notes the receiver's layout identity for what it just staged through SkyRL's loader (which keeps a
+    dict of its own); the load's key is then that note (and the config), taken once, for those tensors only;
+    anything else reads every tensor's kind."""
+    from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import (
+        _STAGED,
+        discard_in_memory_adapter,
+        stage_in_memory_adapter,
+    )
+
+    def staged(name: str, tensors: dict, vouched=(b"layout", "shared-all")) -> dict:
+        stage_in_memory_adapter(name, tensors, CONFIG)
+        note_structure(name, vouched)
+        return _STAGED[name].tensors  # what the load reads: SkyRL's copy of the mapping
+
+    names = [f"test-load-memo@v{v}" for v in range(1, 7)]
+    try:
+        a, b = staged(names[0], _tensors(0)), staged(names[1], _tensors(1))
+        first, second = structure_key(names[0], a, CONFIG), structure_key(names[1], b, CONFIG)
+        assert first == second and VOUCHED in first and first != structure(a, CONFIG)
+        assert structure_key(names[0], a, CONFIG) == structure(a, CONFIG)  # taken once
+        c = staged(names[2], _tensors(0))
+        assert structure_key(names[2], _tensors(0), CONFIG) == structure(c, CONFIG)  # other tensors: not its note
+        d = staged(names[3], _tensors(0), (b"other", "shared-all"))
+        assert structure_key(names[3], d, CONFIG) != first  # another layout identity: another key
+        e = staged(names[4], _tensors(0))
+        assert structure_key(names[4], e, {**CONFIG, "lora_alpha": 8}) != first  # the config is in the key
+        f = staged(names[5], _tensors(0))
+        forget_structure(names[5])  # discarded before its load
+        assert structure_key(names[5], f, CONFIG) == structure(f, CONFIG)
+    finally:
+        for name in names:
+            discard_in_memory_adapter(name)
 
 
 def test_the_receiver_vouches_for_a_parsed_layout_in_its_engine_layout():

@@ -147,6 +147,8 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
     assert out["after_replayed"]["refused"] == 0
     loads = {k: out["after_replayed"][k] for k in ("loaded", "cloned")}
     assert loads == {"loaded": 2, "cloned": 2}  # the second check's versions' LoRAModels cloned from the first's
+    # every load of a staged update keyed by the receiver's word on its structure, none by reading its tensors
+    assert out["after_replayed"]["vouched"] == 4
     assert not out["broken_passed"] and out["broken_failed_at"] == 5
     assert out["after_broken"]["replayed"] == 4 and not out["after_broken"]["matches_vllm"]
     # the layout bench's switch clock on vLLM's own worker: the request's steps timed, nothing without one

@@ -43,12 +43,22 @@ def structure(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) ->
 _NOTED: dict[str, tuple[int, Any]] = {}
 
 
-def note_structure(name: str, tensors: Mapping[str, torch.Tensor], vouched: Any) -> None:
-    """The receiver's word on a staged adapter's structure (its manifest's layout identity and the engine layout:
-    :attr:`~skyrl_glm.sync.receiver.ReceivedAdapter.structure`), which the load keys its templates by instead of
-    reading every staged tensor's kind (about 1.5 us a tensor). Kept for that dict of tensors only, until loaded or
-    :func:`forget_structure`."""
-    _NOTED[name] = (id(tensors), vouched)
+def _staged(name: str) -> Any:
+    """SkyRL's staged adapter of that name (its tensors are a dict of its own: ``stage_in_memory_adapter`` copies
+    the mapping it is given), or None."""
+    from skyrl.backends.skyrl_train.patches.vllm import patch_lora_in_memory as skyrl_loader
+
+    return skyrl_loader._STAGED.get(name)
+
+
+def note_structure(name: str, vouched: Any) -> None:
+    """The receiver's word on the structure of the adapter just staged under ``name`` (its manifest's layout
+    identity and the engine layout: :attr:`~skyrl_glm.sync.receiver.ReceivedAdapter.structure`), which the load
+    keys its templates by instead of reading every staged tensor's kind (about 1.5 us a tensor). Kept for the
+    tensors staged now only, until loaded or :func:`forget_structure`."""
+    staged = _staged(name)
+    if staged is not None:
+        _NOTED[name] = (id(staged.tensors), vouched)
 
 
 def forget_structure(name: str) -> None:
@@ -60,8 +70,11 @@ def structure_key(name: str, tensors: Mapping[str, torch.Tensor], config: Mappin
     :func:`structure` (the two kinds of key never equal: the first holds the "vouched" mark)."""
     noted = _NOTED.pop(name, None)
     if noted is not None and noted[0] == id(tensors):
-        return (json.dumps(config, sort_keys=True, default=str), "vouched", noted[1])
+        return (json.dumps(config, sort_keys=True, default=str), VOUCHED, noted[1])
     return structure(tensors, config)
+
+
+VOUCHED = "vouched"  # the mark of a key the receiver's note gave
 
 
 def _copied(obj: Any) -> Any:
@@ -133,10 +146,10 @@ class Template:
 @dataclass
 class LoadMemo:
     """One worker manager's templates by structure (None: that structure keeps the loader) and counts: loads by
-    the loader, by a clone, and structures refused a template."""
+    the loader, by a clone, structures refused a template, and loads keyed by the receiver's note."""
 
     templates: dict[tuple[Any, ...], Template | None] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=lambda: {"loaded": 0, "cloned": 0, "refused": 0})
+    counts: dict[str, int] = field(default_factory=lambda: {"loaded": 0, "cloned": 0, "refused": 0, "vouched": 0})
 
 
 def state(manager: Any) -> LoadMemo:
@@ -149,7 +162,6 @@ def state(manager: Any) -> LoadMemo:
 def install() -> None:
     """Wrap the worker manager's ``_load_adapter`` (SkyRL's in-memory loader; once per process, after SkyRL's
     patch: the vLLM plugin calls it)."""
-    from skyrl.backends.skyrl_train.patches.vllm import patch_lora_in_memory as skyrl_loader
     from skyrl.backends.skyrl_train.weight_sync.lora_target import lora_name_from_in_memory_path
     from vllm.lora.worker_manager import WorkerLoRAManager
 
@@ -159,11 +171,12 @@ def install() -> None:
 
     def _load_adapter(self: Any, lora_request: Any) -> Any:
         name = lora_name_from_in_memory_path(lora_request.lora_path)
-        staged = skyrl_loader._STAGED.get(name) if name is not None else None
+        staged = _staged(name) if name is not None else None
         if staged is None:
             return original(self, lora_request)
         memo = state(self)
         key = structure_key(name, staged.tensors, staged.peft_config)
+        memo.counts["vouched"] += key[1] == VOUCHED
         if key in memo.templates:
             template = memo.templates[key]
             if template is not None:

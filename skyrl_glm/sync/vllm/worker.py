@@ -115,7 +115,7 @@ class LoraSyncWorkerExtension:
             name = staged_name(adapter.lora_name, adapter.version)
             stage_in_memory_adapter(name, adapter.tensors, adapter.adapter_config)
             if adapter.structure is not None:
-                note_structure(name, adapter.tensors, adapter.structure)
+                note_structure(name, adapter.structure)
             state.staged[name] = adapter.version
         except ControlRefused as e:
             return {"ok": False, "reason": f"control call refused: {e}"}
