@@ -187,9 +187,8 @@ class _Slice:
         return cls(names, position.reshape(-1), objs, ptrs[heads], contiguous, *kinds.rows(objs, ptrs[heads]))
 
 
-shape_of = operator.attrgetter(
-    "shape"
-)  # per-tensor getters for C-level maps over many tensors (also plan's, the memo's)
+# per-tensor getters for C-level maps over many tensors (the plan's and the export memo's too)
+shape_of = operator.attrgetter("shape")
 dtype_of = operator.attrgetter("dtype")
 _nbytes = operator.attrgetter("nbytes")
 

@@ -41,6 +41,7 @@ def structure(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) ->
 
 # staged name -> (id of its staged tensors' dict, the structure the receiver vouches for): see note_structure
 _NOTED: dict[str, tuple[int, Any]] = {}
+VOUCHED = "vouched"  # the mark of a key the receiver's note gave
 
 
 def _staged(name: str) -> Any:
@@ -72,9 +73,6 @@ def structure_key(name: str, tensors: Mapping[str, torch.Tensor], config: Mappin
     if noted is not None and noted[0] == id(tensors):
         return (json.dumps(config, sort_keys=True, default=str), VOUCHED, noted[1])
     return structure(tensors, config)
-
-
-VOUCHED = "vouched"  # the mark of a key the receiver's note gave
 
 
 def _copied(obj: Any) -> Any:
