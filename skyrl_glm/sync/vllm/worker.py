@@ -85,6 +85,12 @@ def receiver_state(worker: Any) -> ReceiverState:
 _STATE = "_skyrl_glm_state"
 
 
+def _drop_staged(name: str) -> bool:
+    """A staged adapter gone: SkyRL's staging of it and the receiver's note on its structure."""
+    forget_structure(name)
+    return discard_in_memory_adapter(name)
+
+
 def receiving_transport(worker: Any, state: ReceiverState, name: str) -> Transport:
     """The receiving end of transport ``name``: a collective one over the trainer's group once the worker joined it
     (a worker that needs the group, :attr:`LoraSyncWorkerExtension.skyrl_glm_group_required`, never falls back to
@@ -140,8 +146,7 @@ class LoraSyncWorkerExtension:
             raise ControlRefused("skyrl_glm_commit: keep must list names this worker staged")
         state.receiver.commit(version)
         for name in [n for n in mine if n not in keep]:
-            discard_in_memory_adapter(name)
-            forget_structure(name)
+            _drop_staged(name)
             del mine[name]
         return sorted(mine)
 
@@ -154,8 +159,7 @@ class LoraSyncWorkerExtension:
         if name == state.serving:
             raise ControlRefused(f"skyrl_glm_discard: {name!r} is serving")
         del state.staged[name]
-        forget_structure(name)
-        return discard_in_memory_adapter(name)
+        return _drop_staged(name)
 
     def skyrl_glm_staged(self, *args: Any, **kwargs: Any) -> list[str]:
         """Names of the adapters this worker staged and still holds (read only)."""
