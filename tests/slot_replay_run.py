@@ -41,7 +41,8 @@ def _switch_times(sampler):
     sampler.generate([[1, 2, 3, 4]], 1)
     (after_request,) = sampler.llm.collective_rpc(clock)
     (after_none,) = sampler.llm.collective_rpc(clock)
-    return {"after_request": after_request, "after_none": after_none}
+    (stopped,) = sampler.llm.collective_rpc(clock, args=(False,))
+    return {"after_request": after_request, "after_none": after_none, "stopped": stopped}
 
 
 def _profiled(sampler, path):

@@ -162,9 +162,10 @@ def test_the_activation_at_75_is_the_measured_one_and_otherwise_the_median_never
     assert row["load_and_activation_s"] == pytest.approx(0.5 + 0.0007)
 
 
-def test_the_switch_clock_times_each_call_of_the_managers_switch_and_reads_once() -> None:
+def test_the_switch_clock_times_each_call_of_the_managers_switch_and_load_and_reads_once() -> None:
     """The clock wraps the worker's LoRA manager (a stand-in here: vLLM's GPU worker is not on this machine): each
-    ``set_active_adapters`` call is timed and passed through, and a read hands the times over and clears them."""
+    ``set_active_adapters`` and ``add_adapter`` call is timed apart and passed through, and a read hands the times
+    over and clears them."""
     import time
     from types import SimpleNamespace
 
@@ -176,20 +177,29 @@ def test_the_switch_clock_times_each_call_of_the_managers_switch_and_reads_once(
             time.sleep(0.01)
             return "switched"
 
+        def add_adapter(self, request):
+            calls.append((request,))
+            time.sleep(0.02)
+            return True
+
     worker = SimpleNamespace(model_runner=SimpleNamespace(lora_manager=Manager()))
     read = L.SlotReport.skyrl_glm_bench_switch_times
-    assert read(worker) == []  # starts the clock
+    assert read(worker) == {"set_active_adapters": [], "add_adapter": []}  # starts the clock
     manager = worker.model_runner.lora_manager
     assert manager.set_active_adapters({"a"}, 1) == "switched" and manager.set_active_adapters(set(), 2) == "switched"
+    assert manager.add_adapter("r") is True
     times = read(worker)
-    assert calls == [({"a"}, 1), (set(), 2)] and len(times) == 2 and all(0.01 <= t < 1.0 for t in times)
-    assert read(worker) == []  # read once
+    assert calls == [({"a"}, 1), (set(), 2), ("r",)]
+    assert len(times["set_active_adapters"]) == 2 and all(0.01 <= t < 1.0 for t in times["set_active_adapters"])
+    assert len(times["add_adapter"]) == 1 and 0.02 <= times["add_adapter"][0] < 1.0
+    assert read(worker) == {"set_active_adapters": [], "add_adapter": []}  # read once
     manager.set_active_adapters(set(), 3)
-    assert len(read(worker)) == 1 and len(calls) == 3  # one clock, not one per read
-    manager.set_active_adapters(set(), 4)
-    assert len(read(worker, keep=False)) == 1  # stopped: the last times, then vLLM's own method again
-    assert "set_active_adapters" not in vars(manager)
-    assert manager.set_active_adapters.__func__ is Manager.set_active_adapters
+    assert len(read(worker)["set_active_adapters"]) == 1 and len(calls) == 4  # one clock, not one per read
+    manager.add_adapter("s")
+    assert len(read(worker, keep=False)["add_adapter"]) == 1  # stopped: the last times, then vLLM's own methods
+    for method in ("set_active_adapters", "add_adapter"):
+        assert method not in vars(manager)
+        assert getattr(manager, method).__func__ is getattr(Manager, method)
 
 
 def test_narrowed_experts_keep_every_name_and_shrink_only_the_expert_width() -> None:

@@ -152,9 +152,12 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
     assert not out["broken_passed"] and out["broken_failed_at"] == 5
     assert out["after_broken"]["replayed"] == 4 and not out["after_broken"]["matches_vllm"]
     # the layout bench's switch clock on vLLM's own worker: the request's steps timed, nothing without one
+    # (and the manager's add_adapter, which the switch calls for each adapter of the step: here the serving one)
     switch = out["switch_times"]
-    assert len(switch["after_request"]) >= 1 and all(0 < t < 5 for t in switch["after_request"])
-    assert switch["after_none"] == []
+    for method in ("set_active_adapters", "add_adapter"):
+        assert len(switch["after_request"][method]) >= 1 and all(0 < t < 5 for t in switch["after_request"][method])
+    assert switch["after_none"] == {"set_active_adapters": [], "add_adapter": []}
+    assert switch["stopped"] == {"set_active_adapters": [], "add_adapter": []}
     # the layout bench's worker profile: written by the worker, holding the step's LoRA switch; a second stop writes
     # nothing
     profiled = out["profiled"]

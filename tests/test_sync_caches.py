@@ -78,6 +78,35 @@ def test_alpha_is_folded_per_update_not_kept() -> None:
     assert_same_plan(got, want)
 
 
+def test_a_kept_staging_buffer_keeps_its_views_and_packs_each_update_afresh() -> None:
+    """A transport that stages every update in the same memory (``keeps_staging``, CUDA IPC; one kept buffer
+    here): the layout makes its views of it once, every plan still packs its own values, bit for bit as a plan
+    made afresh; a buffer elsewhere gets views of its own, and without ``keep_views`` none are kept."""
+    kept: list[torch.Tensor] = []
+
+    def staging(nbytes: int, device: torch.device) -> torch.Tensor:
+        if not kept or kept[0].numel() != nbytes:
+            kept[:] = [torch.zeros(nbytes, dtype=torch.uint8, device=device)]
+        kept[0].zero_()
+        return kept[0][:nbytes]
+
+    cache = PlanCache()
+    made = []
+    for version, seed in ((1, 0), (2, 1), (3, 2)):
+        tensors = export(seed, 2)
+        got = plan(tensors, version, cache, lora_name="p", staging=staging, keep_views=True)
+        made.append(got.tensors)
+        want = plan(tensors, version, None, lora_name="p")
+        assert_same_plan(got, want)
+        assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors, strict=True))
+    assert all(a is b for a, b in zip(made[0], made[2], strict=True))  # one set of views of the one buffer
+    assert made[0] is not made[2]  # each plan's own list
+    other = plan(export(3, 2), 4, cache, lora_name="p", keep_views=True)  # zeroed memory of its own
+    assert other.tensors[0].data_ptr() != made[0][0].data_ptr()
+    unkept = plan(export(4, 2), 5, cache, lora_name="p", staging=staging)
+    assert unkept.tensors[0] is not made[0][0] and cache.layout._views is None
+
+
 @pytest.mark.parametrize(
     "change",
     [

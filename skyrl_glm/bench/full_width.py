@@ -28,7 +28,8 @@ class Served(NamedTuple):
     """One update timed to the first request served on it (seconds): from before the publish to its end
     (``published_s``) and to the first request's end (``first_s``); the same request again on the adapter already
     active (``repeat_s``); and, with a switch clock, the time vLLM's worker spent pointing each request at its
-    adapter (``switch_s``, ``repeat_switch_s``: see :class:`~skyrl_glm.bench.load_layouts.SlotReport`)."""
+    adapter (``switch_s``, ``repeat_switch_s``) and in the publish's ``add_adapter`` (``add_s``: the worker's share
+    of the load; see :class:`~skyrl_glm.bench.load_layouts.SlotReport`)."""
 
     result: Any
     published_s: float
@@ -36,6 +37,7 @@ class Served(NamedTuple):
     repeat_s: float | None
     switch_s: float | None
     repeat_switch_s: float | None
+    add_s: float | None
 
 
 def _request(sampler: Any) -> float:
@@ -60,12 +62,13 @@ def publish_to_first_request(
     version: int,
     *,
     repeat: bool = True,
-    switch_clock: Callable[[], float] | None = None,
+    switch_clock: Callable[[], dict[str, float]] | None = None,
 ) -> Served:
     """One update on a GPU engine, timed to the end of the first request served on it, then (``repeat``) the same
-    request again; a rejected update raises. ``switch_clock``: the worker's seconds in vLLM's adapter switch since
-    its last call (called after the publish, then after each request), read apart from the requests' own time,
-    which on a 75-layer engine varies by up to 0.1 s from one request to the next (measured on one H200)."""
+    request again; a rejected update raises. ``switch_clock``: the worker's seconds in vLLM's adapter switch
+    (``set_active_adapters``) and load (``add_adapter``) since its last call (called after the publish, then after
+    each request), read apart from the requests' own time, which on a 75-layer engine varies by up to 0.1 s from
+    one request to the next (measured on one H200)."""
     import torch
 
     torch.cuda.synchronize()
@@ -74,11 +77,14 @@ def publish_to_first_request(
     if not result.ok:
         raise RuntimeError(f"update {version} was rejected: {result.reason}")
     published = time.perf_counter() - t0
-    clock: Callable[[], float | None] = switch_clock or (lambda: None)
-    clock()  # the publish's share (none: nothing is served in it) set aside
+
+    def clock(method: str) -> float | None:
+        return None if switch_clock is None else switch_clock()[method]
+
+    added = clock("add_adapter")  # the publish's load (no switch: nothing is served in it)
     first = published + _request(sampler)
-    switch = clock()
+    switch = clock("set_active_adapters")
     if not repeat:
-        return Served(result, published, first, None, switch, None)
+        return Served(result, published, first, None, switch, None, added)
     again = _request(sampler)
-    return Served(result, published, first, again, switch, clock())
+    return Served(result, published, first, again, switch, clock("set_active_adapters"), added)

@@ -8,7 +8,9 @@ on the new version. Per update: ``receive_s`` (the worker RPC: transfer, verify,
 (``add_lora`` and the swap), ``request_s`` (the first request alone), ``repeat_s`` (the same request again, on the
 adapter already active), ``activation_s`` (what the first request spent in vLLM's adapter switch, timed in the
 worker: :meth:`SlotReport.skyrl_glm_bench_switch_times`; ``repeat_activation_s`` the repeat's) and
-``to_first_request_s`` (from the publish to the first request's end). Each stage is fitted by
+``to_first_request_s`` (from the publish to the first request's end); of the receive and the load, the worker's
+own share (``receive_worker_s``: the receive call inside the worker; ``load_worker_s``: vLLM's ``add_adapter``
+there), the rest being the RPCs that carry them. Each stage is fitted by
 least squares against the layer count (slope, intercept and residuals shown; the slope not below zero) and read at
 GLM-5.3's 75 MoE layers.
 
@@ -64,18 +66,46 @@ from skyrl_glm.sync.vllm.worker import LoraSyncWorkerExtension
 
 FULL_MOE_LAYERS = 75  # GLM-5.3: 78 layers, the first 3 dense
 FULL_LAYERS = 78
-STAGES = ("receive_s", "load_s", "request_s", "repeat_s", "activation_s", "repeat_activation_s", "to_first_request_s")
+# each update's stages; the table shows SHOWN, the worker's shares (the rest of a stage is its RPCs) a line after it
+STAGES = (
+    "receive_s",
+    "receive_worker_s",
+    "load_s",
+    "load_worker_s",
+    "request_s",
+    "repeat_s",
+    "activation_s",
+    "repeat_activation_s",
+    "to_first_request_s",
+)
+SHOWN = tuple(s for s in STAGES if not s.endswith("_worker_s"))
 DECODE_TOKENS = 64  # new tokens per sequence in the decode measurement
 DECODE_ROUNDS = 3  # timed rounds per batch size and request kind, after one untimed
 
 
-_SWITCH_TIMES = "_skyrl_glm_switch_times"  # on the worker's LoRA manager: seconds per set_active_adapters call
+_SWITCH_TIMES = "_skyrl_glm_switch_times"  # on the worker's LoRA manager: seconds per call of each CLOCKED method
+CLOCKED = ("set_active_adapters", "add_adapter")
 _PROFILE = "_skyrl_glm_bench_profile"  # on the worker: its running cProfile.Profile
 
 
 def _synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _clocked(call: Any, times: list[float]) -> Any:
+    """``call``, each call's seconds (GPU work included) appended to ``times``."""
+
+    def clocked(*args: Any, **kwargs: Any) -> Any:
+        _synchronize()
+        t0 = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            _synchronize()
+            times.append(time.perf_counter() - t0)
+
+    return clocked
 
 
 class SlotReport(LoraSyncWorkerExtension):
@@ -97,33 +127,26 @@ class SlotReport(LoraSyncWorkerExtension):
         manager = self.model_runner.lora_manager._adapter_manager
         return {**state(manager).counts, "matches_vllm": matches_vllm(manager, lora_id)}
 
-    def skyrl_glm_bench_switch_times(self, keep: bool = True) -> list[float]:
-        """Seconds of each call of vLLM's ``set_active_adapters`` since the last read, GPU work included (the first
-        read starts the clock; ``keep=False`` stops it: it synchronizes the GPU twice a step). The model runner makes
-        that call before every step: it puts the step's adapters in slots if they are not there and hands the
-        kernels the step's token-to-slot mapping, so on the first request after a swap it holds all that the new
-        version costs that request (the load already put it in a slot)."""
+    def skyrl_glm_bench_switch_times(self, keep: bool = True) -> dict[str, list[float]]:
+        """Seconds of each call of the worker's LoRA manager's ``set_active_adapters`` and ``add_adapter`` since the
+        last read, GPU work included (the first read starts the clock; ``keep=False`` stops it: it synchronizes the
+        GPU twice a call). The model runner calls ``set_active_adapters`` before every step: it puts the step's
+        adapters in slots if they are not there and hands the kernels the step's token-to-slot mapping, so on the
+        first request after a swap it holds all that the new version costs that request (the load already put it in
+        a slot: ``add_adapter`` loads and activates, and is the worker's share of the load)."""
         manager = self.model_runner.lora_manager
         if not keep:
-            manager.__dict__.pop("set_active_adapters", None)  # vLLM's method again
-            return manager.__dict__.pop(_SWITCH_TIMES, [])
+            for method in CLOCKED:
+                manager.__dict__.pop(method, None)  # vLLM's method again
+            return manager.__dict__.pop(_SWITCH_TIMES, {})
         times = manager.__dict__.get(_SWITCH_TIMES)
         if times is None:
-            times = manager.__dict__[_SWITCH_TIMES] = []
-            switch = manager.set_active_adapters
-
-            def set_active_adapters(*args: Any, **kwargs: Any) -> Any:
-                _synchronize()
-                t0 = time.perf_counter()
-                try:
-                    return switch(*args, **kwargs)
-                finally:
-                    _synchronize()
-                    times.append(time.perf_counter() - t0)
-
-            manager.set_active_adapters = set_active_adapters
-        read = list(times)
-        times.clear()
+            times = manager.__dict__[_SWITCH_TIMES] = {method: [] for method in CLOCKED}
+            for method in CLOCKED:
+                setattr(manager, method, _clocked(getattr(manager, method), times[method]))
+        read = {method: list(t) for method, t in times.items()}
+        for t in times.values():
+            t.clear()
         return read
 
     def skyrl_glm_bench_profile(self, path: str | None) -> bool:
@@ -272,8 +295,8 @@ def _updates(
     transport = open_transport(GPU_LOCAL)
     publisher = InMemoryPublisher(sampler, transport, shared_storage=True)
 
-    def switch_clock() -> float:
-        return sum(sampler.llm.collective_rpc("skyrl_glm_bench_switch_times")[0])
+    def switch_clock() -> dict[str, float]:
+        return {k: sum(v) for k, v in sampler.llm.collective_rpc("skyrl_glm_bench_switch_times")[0].items()}
 
     rows: dict[str, dict[int, list[dict[str, float]]]] = {path: {} for path in WRITES}
     checks: list[dict[str, Any]] = []
@@ -299,7 +322,9 @@ def _updates(
                         rows[path].setdefault(layers, []).append(
                             {
                                 "receive_s": t["receive_rpc_s"],
+                                "receive_worker_s": t["worker_s"],
                                 "load_s": t["load_s"],
+                                "load_worker_s": served.add_s,
                                 "request_s": served.first_s - served.published_s,
                                 "repeat_s": served.repeat_s,
                                 "activation_s": served.switch_s,
@@ -558,7 +583,8 @@ def print_layout_report(report: dict[str, Any]) -> None:
         f"{report['engine_moe_layers']} MoE layers{width}, max_loras {report['max_loras']}; "
         f"median of {report['rounds']}"
     )
-    for col in ("layout", "MoE layers", *(s.removesuffix("_s") for s in STAGES)):
+    inside: list[str] = []  # the worker's share of the receive and the load, per layout and layer count
+    for col in ("layout", "MoE layers", *(s.removesuffix("_s") for s in SHOWN)):
         table.add_column(col, justify="right")
     for layout, r in report["layouts"].items():
         if not r["started"]:
@@ -570,14 +596,20 @@ def print_layout_report(report: dict[str, Any]) -> None:
             if not stages:  # a report from before the replay
                 continue
             for k, med in stages["medians_s"].items():
-                table.add_row(label, k, *(f"{med[s] * 1e3:.1f} ms" for s in STAGES))
+                table.add_row(label, k, *(f"{med[s] * 1e3:.1f} ms" for s in SHOWN))
+                inside.append(
+                    f"{label} at {k}: receive {med['receive_worker_s'] * 1e3:.1f} of {med['receive_s'] * 1e3:.1f} ms, "
+                    f"load {med['load_worker_s'] * 1e3:.1f} of {med['load_s'] * 1e3:.1f} ms"
+                )
             fit = stages["fit_75"]
             # a fit held flat (its slope was below zero: jitter on flat work) says so
-            cells = (f"{fit[s]['value'] * 1e3:.0f} ms" + (" (flat)" if fit[s].get("held") else "") for s in STAGES)
+            cells = (f"{fit[s]['value'] * 1e3:.0f} ms" + (" (flat)" if fit[s].get("held") else "") for s in SHOWN)
             table.add_row(label, "75 (fit)", *cells)
-            worst = max(abs(e) for s in STAGES for e in fit[s]["residuals"])
-            table.add_row(label, "residual", *(f"max {worst * 1e3:.2f} ms" if s == STAGES[0] else "" for s in STAGES))
+            worst = max(abs(e) for s in SHOWN for e in fit[s]["residuals"])
+            table.add_row(label, "residual", *(f"max {worst * 1e3:.2f} ms" if s == SHOWN[0] else "" for s in SHOWN))
     console.print(table)
+    if inside:
+        console.print("inside the worker (the rest is the RPC's): " + "; ".join(inside))
     for layout, r in report["layouts"].items():
         if checks := r.get("replay_checks"):
             last, equal = checks[-1], sum(c["matches_vllm"] for c in checks)

@@ -75,6 +75,9 @@ class Sender:
 
     def __init__(self, opts: BenchOptions, syn: Synthetic, transport: Any, bridge: Any = None) -> None:
         self.opts, self.syn, self.transport = opts, syn, transport
+        # each path stages in memory of its own where the transport keeps its staging memory between updates (as
+        # each sender would): alternating in one buffer of two sizes would take a new one every round
+        self.transports = {"ours": transport, "skyrl": type(transport)() if transport.keeps_staging else transport}
         self.device = torch.device(opts.device)
         self.bridge = bridge  # --exporter bridge: the real Megatron-Bridge model (bench/bridge_model.py)
         self.live = {} if bridge is not None else {k: v.to(self.device) for k, v in syn.unique.items()}
@@ -190,6 +193,7 @@ class Sender:
             shared_storage=shared,
             memo=self.memo,
             cache=self.plan_cache,
+            keep_views=self.transport.keeps_staging,
         )
         timings = dict(plan.timings)
         if split:
@@ -198,6 +202,7 @@ class Sender:
 
     def plan_and_stage(self, path: str, version: int) -> tuple[str, str, dict[str, Any]]:
         base = _reset_peak(self.device)
+        self.transport = self.transports[path]
         plan, timings = (self._plan_skyrl if path == "skyrl" else self._plan_ours)(version)
         t0 = time.perf_counter()
         handle = self.transport.prepare(plan)

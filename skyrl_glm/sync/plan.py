@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -126,10 +126,11 @@ def _fold_regions(buffer: torch.Tensor, regions: Sequence[tuple[str, int, int]],
             piece.copy_(fold_lora_alpha_for_vllm({key: piece}, config_rank=r, alpha=alpha)[key])
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Layout:
     """What a plan derives from the adapter's structure alone: the packing order, the entries, the ``lora_B``
-    regions, the checksum spans and the validated manifest (its per-update fields aside)."""
+    regions, the checksum spans and the validated manifest (its per-update fields aside); and the typed views of
+    the last stream buffer it was packed into (:meth:`views_of`)."""
 
     order: list[int]  # the dedup's sent tensors, in packing order
     by_dtype: list[list[int]]  # positions in packing order, per dtype (one fused copy each)
@@ -138,6 +139,20 @@ class _Layout:
     regions: list[tuple[str, int, int]]
     spans: list[tuple[int, int, str]]
     manifest: Manifest
+    _views: tuple[Any, list[torch.Tensor], list[list[torch.Tensor]]] | None = field(default=None, repr=False)
+
+    def views_of(self, buffer: torch.Tensor, keep: bool) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+        """Each entry's typed view of ``buffer`` and, per dtype, the views its fused copy writes. ``keep``: the
+        buffer is the transport's own staging memory, the same every update (``Transport.keeps_staging``): its
+        views are kept and reused while it is, not made again (one ``as_strided`` per sent tensor: 2,514 at full
+        GLM-5.3 in ``grouped:4``); they hold that memory, which the transport keeps anyway."""
+        where = (buffer.untyped_storage().data_ptr(), buffer.storage_offset(), buffer.numel(), buffer.device)
+        if self._views is not None and self._views[0] == where:
+            return self._views[1], self._views[2]
+        packed = views(buffer, self.entries)
+        made = (where, packed, [[packed[i] for i in group] for group in self.by_dtype])
+        self._views = made if keep else None
+        return made[1], made[2]
 
 
 class PlanCache:
@@ -223,15 +238,18 @@ def build_plan(
     shared_storage: bool = False,
     memo: DedupMemo | None = None,
     cache: PlanCache | None = None,
+    keep_views: bool = False,
 ) -> SyncPlan:
     """Deduplicate, pack, fold ``lora_alpha / r`` into the unique ``lora_B`` tensors, checksum, write the manifest.
     ``staging(nbytes, device)`` gives the zeroed stream buffer (a transport's shared memory, say);
     ``shared_storage``, ``memo``: see :func:`deduplicate`. A :class:`~skyrl_glm.sync.dedup.Dedup` is an adapter already
     deduplicated as its stream arrived (the Megatron sync), planned as it is. ``cache``: the sender's
-    :class:`PlanCache`, kept across updates (an update of the last one's structure reuses its layout)."""
+    :class:`PlanCache`, kept across updates (an update of the last one's structure reuses its layout); with
+    ``keep_views``, ``staging`` hands out the same memory every update (``Transport.keeps_staging``) and the kept
+    layout keeps its views too."""
     with paused_gc():
         return _build_plan(
-            adapter, adapter_config, lora_name, version, bucket_bytes, staging, shared_storage, memo, cache
+            adapter, adapter_config, lora_name, version, bucket_bytes, staging, shared_storage, memo, cache, keep_views
         )
 
 
@@ -245,6 +263,7 @@ def _build_plan(
     shared_storage: bool,
     memo: DedupMemo | None,
     cache: PlanCache | None,
+    keep_views: bool,
 ) -> SyncPlan:
     t0 = time.perf_counter()
     dedup = adapter if isinstance(adapter, Dedup) else deduplicate(adapter, shared_storage=shared_storage, memo=memo)
@@ -270,10 +289,10 @@ def _build_plan(
     tensors = list(dedup.unique.values())
     # Typed views of the buffer, each its tensor's shape and dtype (the layout's key holds both): one fused copy per
     # dtype into them (a fused kernel takes one dtype), and the buffer's are the plan's tensors.
-    packed = views(work, laid.entries)
+    packed, targets = laid.views_of(work, keep=keep_views and work is buffer)
     ordered = [tensors[i] for i in laid.order]
-    for group in laid.by_dtype:
-        torch._foreach_copy_([packed[i] for i in group], [ordered[i] for i in group])
+    for group, dst in zip(laid.by_dtype, targets, strict=True):
+        torch._foreach_copy_(dst, [ordered[i] for i in group])
     synchronize(work.device)
     t3 = time.perf_counter()
     if alpha != r:
@@ -284,6 +303,7 @@ def _build_plan(
         buffer.copy_(work)
         packed = views(buffer, laid.entries)
         del work
+    packed = list(packed)  # the plan's own list: the layout keeps its views
     t5 = time.perf_counter()
     sums, _ = span_checks(buffer, laid.spans, finite=False)
     t6 = time.perf_counter()

@@ -65,6 +65,7 @@ class InMemoryPublisher:
                 shared_storage=self.shared_storage,
                 memo=self.memo,
                 cache=self.plan_cache,
+                keep_views=self.transport.keeps_staging,
             )
         except BaseException:
             self.transport.release()

@@ -33,6 +33,9 @@ class Transport(ABC):
     crosses_nodes: ClassVar[bool] = False
     """A receiver on another node can open its handle. False (a shared-memory segment, a CUDA IPC handle, and any
     plugin transport that does not say otherwise): only a receiver on the sender's node is handed one."""
+    keeps_staging: ClassVar[bool] = False
+    """:meth:`staging` hands out the same memory every update of one size, kept between updates (:meth:`release`
+    leaves it): a sender's plan may keep its views of it."""
 
     def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
         """A zeroed ``uint8[nbytes]`` buffer the plan packs its stream into (``build_plan(staging=...)``): a transport

@@ -27,17 +27,28 @@ def _dec(v: Any) -> Any:
 
 
 class CudaIpcTransport(Transport):
+    """The sender's buffer is kept from one update to the next of the same size (zeroed again each time, a memset),
+    so the plan packs into memory it already has views of (``keeps_staging``); it goes with the transport, or
+    when an update of another size or device replaces it. A receiver maps it per update and unmaps it after."""
+
     name = GPU_LOCAL
     needs_cuda = True
+    keeps_staging = True
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
+        self._mapped: tuple[int, torch.UntypedStorage] | None = None  # receiver: the handle incoming_bytes opened
 
     def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
             raise TransportError("the CUDA IPC transport needs the adapter on a CUDA device")
-        self._buffer = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
-        return self._buffer[:nbytes]
+        buf = self._buffer
+        if buf is not None and buf.numel() == max(nbytes, 1) and buf.device == device:
+            buf.zero_()
+        else:
+            self._buffer = None  # the old one freed before the new one is taken
+            buf = self._buffer = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
+        return buf[:nbytes]
 
     def prepare(self, plan: SyncPlan) -> dict[str, Any]:
         buf = self._buffer
@@ -50,7 +61,7 @@ class CudaIpcTransport(Transport):
         return {"storage": [_enc(v) for v in shared], "nbytes": buf.untyped_storage().nbytes()}
 
     def release(self) -> None:
-        self._buffer = None
+        """Nothing to free per update: the buffer stays for the next (see the class)."""
 
     @staticmethod
     def _open(handle: dict[str, Any]) -> torch.UntypedStorage:
@@ -62,12 +73,18 @@ class CudaIpcTransport(Transport):
             raise TransportError(f"cannot open the sender's CUDA IPC buffer: {e}") from None
 
     def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
-        return self._open(handle).nbytes()
+        storage = self._open(handle)
+        self._mapped = (id(handle), storage)  # mapped once per update: receive reads it
+        return storage.nbytes()
+
+    def decline(self, handle: dict[str, Any]) -> None:
+        self._mapped = None
 
     def receive(self, manifest: Manifest, handle: dict[str, Any], out: torch.Tensor) -> None:
+        mapped, self._mapped = self._mapped, None
         if manifest.total_bytes == 0:
             return
-        storage = self._open(handle)
+        storage = mapped[1] if mapped is not None and mapped[0] == id(handle) else self._open(handle)
         if storage.nbytes() < manifest.total_bytes:
             raise TransportError(f"IPC buffer holds {storage.nbytes()} bytes, manifest needs {manifest.total_bytes}")
         src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (manifest.total_bytes,))

@@ -15,6 +15,7 @@ helpers live outside it (:func:`receiver_state`), so no name returns an object v
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +108,10 @@ class LoraSyncWorkerExtension:
     skyrl_glm_loads_3d = True  # skyrl-glm's loader sends LoRARequest(is_3d_lora_weight=True) to a stacked-3d engine
 
     def skyrl_glm_receive(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Receive and verify one update, then stage it. Never raises: a refusal is returned with its reason."""
+        """Receive and verify one update, then stage it. Never raises: a refusal is returned with its reason. Its
+        timings are the receiver's stages and ``worker_s``, the whole call inside the worker (the rest of a caller's
+        round trip is the RPC's own)."""
+        t0 = time.perf_counter()
         try:
             if len(args) > 1 and isinstance(args[1], str) and len(args[1]) > MAX_MANIFEST_BYTES:
                 raise ControlRefused(f"manifest of {len(args[1])} bytes exceeds {MAX_MANIFEST_BYTES}")
@@ -129,7 +133,8 @@ class LoraSyncWorkerExtension:
             return {"ok": False, "reason": e.reason}
         except Exception as e:  # noqa: BLE001 - any failure is a rejection, the old adapter keeps serving
             return {"ok": False, "reason": describe_error(e)}
-        return {"ok": True, "staged": name, "version": adapter.version, "timings": adapter.timings}
+        timings = {**adapter.timings, "worker_s": time.perf_counter() - t0}
+        return {"ok": True, "staged": name, "version": adapter.version, "timings": timings}
 
     def skyrl_glm_commit(self, *args: Any, **kwargs: Any) -> list[str]:
         """Record ``version`` (one this worker staged, newer than the serving one) as serving and drop the staged
