@@ -59,6 +59,7 @@ def _profiled(sampler, path):
 
 
 def main() -> None:
+    from skyrl_glm.bench.load_layouts import rpc_round_trip
     from skyrl_glm.check.algorithm import run_check
     from skyrl_glm.check.probes import make_probes
     from skyrl_glm.check.runner import CheckOptions, build, prepare, tiny_model_dir
@@ -98,6 +99,7 @@ def main() -> None:
             broken = run_check(fresh_trainer(), sampler, publisher, probes, last, on_step=break_after_step_1)
             (after_broken,) = sampler.llm.collective_rpc(_report)
             switch = _switch_times(sampler)
+            rpc = rpc_round_trip(sampler, calls=3)
             profiled = _profiled(sampler, str(Path(tmp) / "worker.prof"))
             profiled["functions"] = sorted({f[2] for f in pstats.Stats(profiled["path"]).stats})
         finally:
@@ -114,6 +116,7 @@ def main() -> None:
             "broken_failed_at": None if failure is None else failure.step,
             "after_broken": after_broken,
             "switch_times": switch,
+            "rpc_round_trip_s": rpc,
             "profiled": profiled,
         },
         sys.stdout,

@@ -236,9 +236,11 @@ def test_the_decode_table_shows_each_layout_against_the_engine_without_lora(tmp_
 def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
     report = _made_up_report()
     report["end_to_end_75"] = L.end_to_end(report, [SYNC])
+    report["layouts"]["shared-outer"]["rpc_round_trip_s"] = 0.00123
     L.print_layout_report(report)
     out = capsys.readouterr().out
     assert "75 (fit)" in out and "engine did not start" in out and "SkyRL 0.4.0 memory path" in out
+    assert "inside the worker" in out and "shared-outer 1.23 ms" in " ".join(out.split())
     L.plot_layout_report(report, str(tmp_path / "layouts.png"))
     assert (tmp_path / "layouts.png").read_bytes()[:4] == b"\x89PNG"
 

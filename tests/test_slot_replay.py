@@ -158,6 +158,7 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
         assert len(switch["after_request"][method]) >= 1 and all(0 < t < 5 for t in switch["after_request"][method])
     assert switch["after_none"] == {"set_active_adapters": [], "add_adapter": []}
     assert switch["stopped"] == {"set_active_adapters": [], "add_adapter": []}
+    assert 0 < out["rpc_round_trip_s"] < 5  # the bench's no-op worker call went through, signed
     # the layout bench's worker profile: written by the worker, holding the step's LoRA switch; a second stop writes
     # nothing
     profiled = out["profiled"]

@@ -79,6 +79,7 @@ STAGES = (
     "to_first_request_s",
 )
 SHOWN = tuple(s for s in STAGES if not s.endswith("_worker_s"))
+RPC_CALLS = 20  # no-op worker calls timed per engine (rpc_round_trip)
 DECODE_TOKENS = 64  # new tokens per sequence in the decode measurement
 DECODE_ROUNDS = 3  # timed rounds per batch size and request kind, after one untimed
 
@@ -340,6 +341,19 @@ def _updates(
     return rows, checks, version
 
 
+def rpc_round_trip(sampler: Any, calls: int = RPC_CALLS) -> float:
+    """The median seconds of a worker call that does nothing (``skyrl_glm_staged``, signed as every sync call):
+    what each RPC of an update pays to reach the worker and back, whatever it carries."""
+    from skyrl_glm.sync.vllm.control import signed
+
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        sampler.llm.collective_rpc("skyrl_glm_staged", args=signed("skyrl_glm_staged", ()))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def _stages(rows: dict[int, list[dict[str, float]]]) -> dict[str, Any]:
     """Per layer count the medians of each stage, their fits read at 75 layers, and the rows."""
     medians = {k: {st: statistics.median(r[st] for r in rs) for st in STAGES} for k, rs in rows.items()}
@@ -466,6 +480,7 @@ def run_layout_bench(
                     after_layout(report)
                     continue
                 slots = sampler.llm.collective_rpc("skyrl_glm_bench_lora_slots")[0]
+                results[layout]["rpc_round_trip_s"] = rpc_round_trip(sampler)
                 progress(f"{layout}: {warmup + rounds} updates at each of {len(adapters)} layer count(s) ...")
                 profile = None if profile_dir is None else profile_dir / f"{layout.replace(':', '_')}.prof"
                 by_path, replay_checks, version = _updates(sampler, adapters, rank, rounds, warmup, version, profile)
@@ -609,7 +624,12 @@ def print_layout_report(report: dict[str, Any]) -> None:
             table.add_row(label, "residual", *(f"max {worst * 1e3:.2f} ms" if s == SHOWN[0] else "" for s in SHOWN))
     console.print(table)
     if inside:
-        console.print("inside the worker (the rest is the RPC's): " + "; ".join(inside))
+        console.print("inside the worker (the rest is the RPCs'): " + "; ".join(inside))
+    trips = [
+        f"{k} {r['rpc_round_trip_s'] * 1e3:.2f} ms" for k, r in report["layouts"].items() if "rpc_round_trip_s" in r
+    ]
+    if trips:
+        console.print("a worker call that does nothing, round trip (median of " + f"{RPC_CALLS}): " + ", ".join(trips))
     for layout, r in report["layouts"].items():
         if checks := r.get("replay_checks"):
             last, equal = checks[-1], sum(c["matches_vllm"] for c in checks)
