@@ -25,11 +25,14 @@ def _manager(worker):
 def _report(worker):
     from skyrl_glm.sync.vllm import load_memo
     from skyrl_glm.sync.vllm.slot_replay import matches_vllm, state
+    from skyrl_glm.sync.vllm.worker import receiver_state
 
     manager = _manager(worker)
     serving = max(i for i in manager.lora_index_to_id if i is not None)
     loads = load_memo.state(worker.model_runner.lora_manager).counts
-    return {**state(manager).counts, **loads, "matches_vllm": matches_vllm(manager, serving)}
+    rx = receiver_state(getattr(worker, "worker", worker)).receiver  # a callable gets vLLM's wrapper of the worker
+    pool = {f"pool_{k}": v for k, v in rx.pool.counts.items()}
+    return {**state(manager).counts, **loads, **pool, "matches_vllm": matches_vllm(manager, serving)}
 
 
 def _switch_times(sampler):
@@ -95,7 +98,12 @@ def main() -> None:
             again = dataclasses.replace(options.config, first_version=3)
             replayed = run_check(fresh_trainer(), sampler, publisher, probes, again)
             (after_replayed,) = sampler.llm.collective_rpc(_report)
-            last = dataclasses.replace(options.config, first_version=5)
+            # the first check's two versions are gone by now: this one's land in their staging memory
+            pooled = run_check(
+                fresh_trainer(), sampler, publisher, probes, dataclasses.replace(options.config, first_version=5)
+            )
+            (after_pooled,) = sampler.llm.collective_rpc(_report)
+            last = dataclasses.replace(options.config, first_version=7)
             broken = run_check(fresh_trainer(), sampler, publisher, probes, last, on_step=break_after_step_1)
             (after_broken,) = sampler.llm.collective_rpc(_report)
             switch = _switch_times(sampler)
@@ -112,6 +120,8 @@ def main() -> None:
             "after_first": after_first,
             "replayed_passed": replayed.passed,
             "after_replayed": after_replayed,
+            "pooled_passed": pooled.passed,
+            "after_pooled": after_pooled,
             "broken_passed": broken.passed,
             "broken_failed_at": None if failure is None else failure.step,
             "after_broken": after_broken,

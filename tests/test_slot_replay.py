@@ -130,12 +130,13 @@ def test_writes_a_batched_replay_could_not_repeat_are_refused(writes, why):
 
 
 def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broken_one():
-    """Three five-step checks on one tiny GLM-4.5 engine (vLLM's CPU build, in a process of its own so its replay can be
+    """Four five-step checks on one tiny GLM-4.5 engine (vLLM's CPU build, in a process of its own so its replay can be
     broken there): the first records its two adapter structures (B == 0, then B perturbed), the second replays both
-    (their models cloned from the first check's: load_memo) and passes, the third replays zeros where the factors go
-    from its step 4 on (a replay that only skipped the copies would leave the slot index's earlier contents: a version
-    perturbed like this one, so the check could not tell): the check fails at step 5, and the serving slots differ from
-    what vLLM's own loop writes. The layout bench's switch clock runs on the same worker (a request's steps timed)."""
+    (their models cloned from the first check's: load_memo) and passes, so does the third (its versions received into
+    the first's staging memory), the fourth replays zeros where the factors go from its step 4 on (a replay that only
+    skipped the copies would leave the slot index's earlier contents: a version perturbed like this one, so the check
+    could not tell): the check fails at step 5, and the serving slots differ from what vLLM's own loop writes. The
+    layout bench's switch clock runs on the same worker (a request's steps timed)."""
     run = Path(__file__).with_name("slot_replay_run.py")
     done = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -149,8 +150,13 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
     assert loads == {"loaded": 2, "cloned": 2}  # the second check's versions' LoRAModels cloned from the first's
     # every load of a staged update keyed by the receiver's word on its structure, none by reading its tensors
     assert out["after_replayed"]["vouched"] == 4
+    # the receiver's staging memory: the first two checks' four versions each made theirs; the third's two land in
+    # the first's (gone by then: sync.staging_pool), and it passes
+    assert (out["after_replayed"]["pool_made"], out["after_replayed"]["pool_reused"]) == (4, 0)
+    assert out["pooled_passed"] and (out["after_pooled"]["pool_made"], out["after_pooled"]["pool_reused"]) == (4, 2)
+    assert out["after_pooled"]["matches_vllm"]
     assert not out["broken_passed"] and out["broken_failed_at"] == 5
-    assert out["after_broken"]["replayed"] == 4 and not out["after_broken"]["matches_vllm"]
+    assert out["after_broken"]["replayed"] == 6 and not out["after_broken"]["matches_vllm"]
     # the layout bench's switch clock on vLLM's own worker: the request's steps timed, nothing without one
     # (and the manager's add_adapter, which the switch calls for each adapter of the step: here the serving one)
     switch = out["switch_times"]

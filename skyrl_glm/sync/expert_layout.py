@@ -368,12 +368,21 @@ class Arrangement:
         """The tensors vLLM loads for an update of this layout, ``sent`` its sent tensors (those of :attr:`reads` at
         least) as views of its received stream (``manifest.views``); :class:`LayoutError` when its values break a
         check (nothing handed on then)."""
-        import torch
+        self.check(sent)
+        return self.build(sent)
 
+    def check(self, sent: Mapping[str, torch.Tensor]) -> None:
+        """:class:`LayoutError` when the update's values break a check (its structure passed them all): what an
+        update whose tensors are already built (a kept buffer's) still runs."""
         for pairs, refusal in self.checks:
             e = _first_unequal(sent, pairs)
             if e is not None:
                 raise LayoutError(refusal(e))
+
+    def build(self, sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors vLLM loads, made of ``sent`` (views, no copies where the layout allows; no check)."""
+        import torch
+
         out = dict(zip(self.views, map(sent.__getitem__, self.views.values()), strict=True))
         for name, spec in self.specs.items():
             out[name] = _build(spec, sent)

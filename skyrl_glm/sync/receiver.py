@@ -20,6 +20,7 @@ from skyrl_glm.sync.checksum import span_checks
 from skyrl_glm.sync.expert_layout import PER_EXPERT, Arrangement, LayoutError
 from skyrl_glm.sync.manifest import CHECKSUM_CHARS, Manifest, ManifestError, views
 from skyrl_glm.sync.nogc import paused_gc
+from skyrl_glm.sync.staging_pool import StagingPool
 from skyrl_glm.sync.transports.base import Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,11 @@ class AdapterReceiver:
     ``layout``: the engine's routed-expert layout (:mod:`skyrl_glm.sync.expert_layout`); an update that cannot be
     served in it is rejected with the reason. The :class:`~skyrl_glm.sync.expert_layout.Arrangement` of the last
     layout served in it is kept (``arranged``), keyed by the manifest's layout identity (``Manifest.layout_key``): an
-    update of another layout, or a manifest built in code (no identity), is arranged anew."""
+    update of another layout, or a manifest built in code (no identity), is arranged anew.
+
+    ``pool``: the staging memory of updates whose adapters are gone, kept with the tensors made of it
+    (:mod:`~skyrl_glm.sync.staging_pool`): an update of the same layout lands in one and hands those on, with no
+    view or name made again (and its values checked as ever)."""
 
     def __init__(self, device: str | torch.device = "cpu", layout: str = PER_EXPERT) -> None:
         self.device = torch.device(device)
@@ -110,6 +115,7 @@ class AdapterReceiver:
         self.version: int | None = None
         self.known: Manifest | None = None
         self.arranged: tuple[bytes, Arrangement] | None = None
+        self.pool = StagingPool()
 
     def _admit(
         self, manifest_json: str, handle: dict[str, Any], transport: Transport, staged: Mapping[str, int]
@@ -171,8 +177,10 @@ class AdapterReceiver:
             transport.decline(handle if isinstance(handle, dict) else {})
             raise
         t1 = time.perf_counter()
-        # Allocated only now: total_bytes is checked against what the sender staged.
-        staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
+        # Allocated (or a kept buffer taken) only now: total_bytes is checked against what the sender staged.
+        key = None if manifest.layout_key is None else (manifest.layout_key, self.layout, manifest.total_bytes)
+        kept = None if key is None else self.pool.take(key)
+        staging = kept.staging if kept else torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
         try:
             transport.receive(manifest, handle, staging)
         except TransportError as e:
@@ -191,13 +199,24 @@ class AdapterReceiver:
                 raise UpdateRejected(f"non-finite values (NaN/inf) in {names}{'...' if len(bad) > 3 else ''}")
         t3 = time.perf_counter()
         try:
-            if self.layout == PER_EXPERT:
-                sent = dict(zip((e.name for e in manifest.tensors), views(staging, manifest.tensors), strict=True))
-                tensors = rebuild(manifest, sent)
-            else:  # views of the sent tensors the arrangement reads only (a factor's groups: one strided view)
-                arrangement = self._arrangement(manifest)
-                read = arrangement.reads
-                tensors = arrangement.apply(dict(zip((e.name for e in read), views(staging, read), strict=True)))
+            arrangement = None if self.layout == PER_EXPERT else self._arrangement(manifest)
+            if kept is not None:  # its tensors are this layout's, made of this memory: the values are checked
+                if arrangement is not None:
+                    arrangement.check(kept.sent)
+                tensors = dict(kept.tensors)  # a mapping of the caller's own: its references count (see the pool)
+            else:
+                # per-expert: every public name; else views of the sent tensors the arrangement reads only (a
+                # factor's groups: one strided view)
+                read = manifest.tensors if arrangement is None else arrangement.reads
+                sent = dict(zip((e.name for e in read), views(staging, read), strict=True))
+                if arrangement is None:
+                    tensors = rebuild(manifest, sent)
+                else:
+                    arrangement.check(sent)
+                    tensors = arrangement.build(sent)
+                if key is not None:
+                    self.pool.keep(key, staging, sent, tensors)
+                    tensors = dict(tensors)
         except LayoutError as e:
             raise UpdateRejected(str(e)) from None
         timings = {
