@@ -140,6 +140,30 @@ SEAMS: tuple[Seam, ...] = (
     # -- torch --------------------------------------------------------------------------------------------
     Seam(
         "torch",
+        "_C",
+        "attribute",
+        TORCH,
+        "skyrl_glm/sync/staging_pool.py",
+        "torch's C module, where the storage use count lives",
+    ),
+    Seam(
+        "torch._C",
+        "_storage_Use_Count",
+        "attribute",
+        TORCH,
+        "skyrl_glm/sync/staging_pool.py",
+        "how many tensors share a kept staging buffer's storage: a view made elsewhere keeps it from reuse",
+    ),
+    Seam(
+        "torch:UntypedStorage",
+        "_cdata",
+        "attribute",
+        TORCH,
+        "skyrl_glm/sync/staging_pool.py",
+        "the storage's C handle, which the use count takes",
+    ),
+    Seam(
+        "torch",
         "_foreach_copy_",
         "attribute",
         TORCH,

@@ -66,3 +66,13 @@ def test_an_update_lands_in_a_free_buffer_and_never_in_one_still_held(layout: st
         got = third.tensors[n]
         assert got.shape == t.shape and got.stride() == t.stride() and torch.equal(got, t), n
     assert rx.pool.counts == {"reused": 1, "made": 2}
+
+
+def test_a_torch_without_a_storage_use_count_keeps_nothing(monkeypatch) -> None:
+    """Reuse is proven by the storage's use count: without it (another torch) nothing is kept, nothing reused."""
+    from skyrl_glm.sync import staging_pool
+
+    monkeypatch.setattr(staging_pool, "_STORAGE_USES", None)
+    pool = StagingPool()
+    pool.keep(("k",), *_made())
+    assert pool.kept == [] and pool.take(("k",)) is None

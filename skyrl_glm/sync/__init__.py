@@ -19,6 +19,7 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
     transports/      the Transport contract and the named transports (shm, nccl, cuda_ipc)
     sampler side
     receiver.py      AdapterReceiver: validate, stage, verify, rebuild public names (torch only)
+    staging_pool.py  a gone version's staging memory and the tensors made of it, kept for the next update of its layout
     expert_layout.py the routed experts' serving layout (per-expert, stacked-3d, shared-outer): engine arguments, build
     vllm/            the vLLM glue: update protocol, offline and async samplers, the worker extension
 

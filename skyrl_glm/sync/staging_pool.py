@@ -25,8 +25,12 @@ KEPT = 4  # buffers kept per layout: serving, previous and the one arriving, and
 LAYOUTS = 2  # layouts kept: a run's, and one it alternates with (the check's B == 0 version is a layout of its own)
 
 
+# the storage's use count (torch 2.13 has it; a torch without it keeps nothing: every update gets fresh memory)
+_STORAGE_USES = getattr(torch._C, "_storage_Use_Count", None)
+
+
 def _use_count(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+    return _STORAGE_USES(t.untyped_storage()._cdata)
 
 
 @dataclass(eq=False)
@@ -88,6 +92,8 @@ class StagingPool:
         values, as stacked-3d's or a stack's copy, would not follow the next update's bytes) and its layout has
         fewer than :data:`KEPT`."""
         self._asked(key)
+        if _STORAGE_USES is None:
+            return
         made = list({id(t): t for t in (*sent.values(), *tensors.values())}.values())  # 1,389 of 116,292 names
         memory = staging.untyped_storage().data_ptr()
         if sum(k.key == key for k in self.kept) < KEPT and all(t.untyped_storage().data_ptr() == memory for t in made):
