@@ -107,6 +107,53 @@ def test_a_kept_staging_buffer_keeps_its_views_and_packs_each_update_afresh() ->
     assert unkept.tensors[0] is not made[0][0] and cache.layout._views is None
 
 
+class _KeptStaging(SharedMemoryTransport):
+    """A transport that keeps its staging memory between updates, as CUDA IPC does (host memory here)."""
+
+    keeps_staging = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: torch.Tensor | None = None
+
+    def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        if self.kept is None or self.kept.numel() != nbytes:
+            self.kept = torch.zeros(nbytes, dtype=torch.uint8)
+        return self.kept.zero_()
+
+    def forget_staging(self) -> None:
+        self.kept = None
+
+
+def test_an_offload_lets_go_of_the_kept_staging_memory() -> None:
+    """SkyRL's offload, through the sync mixin: the publisher's transport lets go of its kept buffer and the plan
+    layout of its views, so nothing holds that memory while the trainer is offloaded; the next plan takes it anew."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from skyrl_glm.skyrl.workers.worker_sync import GlmSyncMixin
+    from skyrl_glm.sync.publisher import InMemoryPublisher
+
+    transport = _KeptStaging()
+    publisher = InMemoryPublisher(None, transport, "p", shared_storage=True)  # type: ignore[arg-type]
+    config = adapter_config(RANK, 2 * RANK, TARGETS)
+    for version in (1, 2):
+        publisher.plan(export(version), config, version)
+    assert publisher.plan_cache.layout is not None and publisher.plan_cache.layout._views is not None
+    memory = StorageWeakRef(transport.kept.untyped_storage())
+
+    class Offloaded:
+        def offload_to_cpu(self, **kwargs):
+            return kwargs
+
+    class Worker(GlmSyncMixin, Offloaded):
+        _glm_publisher = publisher
+
+    assert Worker().offload_to_cpu(offload_model=True) == {"offload_model": True}  # SkyRL's offload, after
+    assert transport.kept is None and publisher.plan_cache.layout._views is None and memory.expired()
+    got = publisher.plan(export(3), config, 3)
+    assert_same_plan(got, plan(export(3), 3, None, lora_name="p"))
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -193,6 +193,11 @@ class PlanCache:
     def put(self, key: tuple, layout: _Layout) -> None:
         self.key, self.layout = key, layout
 
+    def forget_views(self) -> None:
+        """Drop the kept layout's views of the staging memory (they hold it): with :meth:`Transport.forget_staging`."""
+        if self.layout is not None:
+            self.layout._views = None
+
 
 def _new_layout(dedup: Dedup, config: dict[str, Any], lora_name: str, bucket_bytes: int) -> _Layout:
     """Sort (``lora_B`` last, grouped by dtype: one contiguous region per dtype to fold; within a region equal

@@ -71,6 +71,12 @@ class InMemoryPublisher:
             self.transport.release()
             raise
 
+    def forget_staging(self) -> None:
+        """Let go of the staging memory the transport keeps between updates, and of the plan layout's views of it
+        (before an offload: the colocated sampler wakes into the memory it frees)."""
+        self.plan_cache.forget_views()
+        self.transport.forget_staging()
+
     def _stage(self, plan: SyncPlan) -> tuple[float, float, dict[str, Any]]:
         t0 = time.perf_counter()
         handle = self.transport.prepare(plan)

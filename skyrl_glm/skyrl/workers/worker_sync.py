@@ -117,6 +117,13 @@ class GlmSyncMixin:
         """Each engine's route (rank 0; empty elsewhere)."""
         return [r.to_dict() for r in self._glm_routes]
 
+    def offload_to_cpu(self, *args: Any, **kwargs: Any) -> Any:
+        """SkyRL's offload, after the publisher lets go of the staging memory its transport keeps between syncs
+        (CUDA IPC: one stream's bytes on the GPU, which the colocated sampler wakes into once freed)."""
+        if self._glm_publisher is not None:
+            self._glm_publisher.forget_staging()
+        return super().offload_to_cpu(*args, **kwargs)  # type: ignore[misc]
+
     def _glm_transport(self) -> Transport:
         """The sending end: every routed transport behind one fan-out, the node-local one first (the plan packs
         into its memory); the collective one over the group with the vLLM workers it reaches."""

@@ -56,6 +56,11 @@ class Transport(ABC):
         """Free what :meth:`prepare` staged, after the receiver answered."""
         return None
 
+    def forget_staging(self) -> None:
+        """Let go of the staging memory kept between updates (``keeps_staging``): before the trainer offloads, so
+        that the memory goes back with it (the next update takes it anew)."""
+        return None
+
     @abstractmethod
     def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
         """How many bytes the sender staged for this update, read from the transport (segment size, IPC buffer

@@ -28,8 +28,9 @@ def _dec(v: Any) -> Any:
 
 class CudaIpcTransport(Transport):
     """The sender's buffer is kept from one update to the next of the same size (zeroed again each time, a memset),
-    so the plan packs into memory it already has views of (``keeps_staging``); it goes with the transport, or
-    when an update of another size or device replaces it. A receiver maps it per update and unmaps it after."""
+    so the plan packs into memory it already has views of (``keeps_staging``); it goes with the transport, at
+    :meth:`forget_staging` (a trainer's offload), or when an update of another size or device replaces it. A receiver
+    maps it per update and unmaps it after."""
 
     name = GPU_LOCAL
     needs_cuda = True
@@ -62,6 +63,9 @@ class CudaIpcTransport(Transport):
 
     def release(self) -> None:
         """Nothing to free per update: the buffer stays for the next (see the class)."""
+
+    def forget_staging(self) -> None:
+        self._buffer = None
 
     @staticmethod
     def _open(handle: dict[str, Any]) -> torch.UntypedStorage:

@@ -23,7 +23,8 @@ HANDLES = "by_transport"
 
 
 class FanOut(Transport):
-    """``prepare`` returns ``{"by_transport": {name: handle}}``; ``stream`` and ``release`` go to every part."""
+    """``prepare`` returns ``{"by_transport": {name: handle}}``; ``stream``, ``release`` and ``forget_staging`` go to
+    every part."""
 
     name = "fanout"
 
@@ -33,6 +34,10 @@ class FanOut(Transport):
         if not parts or len(set(names)) != len(names):
             raise ValueError(f"a fan-out needs distinct transports, got {names}")
         self.parts = list(parts)
+
+    @property
+    def keeps_staging(self) -> bool:  # type: ignore[override]  # the first part's: it gives the staging memory
+        return self.parts[0].keeps_staging
 
     def staging(self, nbytes: int, device: torch.device) -> torch.Tensor:
         return self.parts[0].staging(nbytes, device)
@@ -47,6 +52,10 @@ class FanOut(Transport):
     def release(self) -> None:
         for p in self.parts:
             p.release()
+
+    def forget_staging(self) -> None:
+        for p in self.parts:
+            p.forget_staging()
 
     def incoming_bytes(self, manifest: Manifest, handle: dict[str, Any]) -> int:
         raise TypeError("a fan-out only sends: each receiver is handed its own transport's handle")
