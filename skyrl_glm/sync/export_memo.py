@@ -28,11 +28,12 @@ import bisect
 import dataclasses
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from skyrl.backends.skyrl_train.distributed.megatron.lora_export import LORA_A_SUFFIX, LORA_B_SUFFIX
 
 from skyrl_glm.sync.dedup import Dedup, dtype_of, shape_of
 
@@ -101,6 +102,13 @@ class ExportMemo:
         if self.views is None or self.views[0] != addresses:
             self.views = addresses, self._rebuilt(params).unique
         return dataclasses.replace(self.last, unique=dict(self.views[1]))
+
+    def note_rescaled(self, todo: Mapping[str, torch.Tensor], folded: Mapping[str, torch.Tensor]) -> None:
+        """What SkyRL's rank-scale fold changed in a full export (``todo`` in, ``folded`` out: a changed ``lora_B``
+        is a new tensor), each with its ``lora_A``: a recall of that export hands these to the fold again."""
+        changed = [n for n, t in folded.items() if t is not todo[n]]
+        pairs = (m for n in changed for m in (n.removesuffix(LORA_B_SUFFIX) + LORA_A_SUFFIX, n))
+        self.rescaled = [m for m in pairs if m in todo]
 
     def forget_views(self) -> None:
         """Drop the last recall's views: they hold the parameters' memory, which an offload must be able to free

@@ -23,11 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
-    LORA_A_SUFFIX,
-    LORA_B_SUFFIX,
-    fold_lora_rank_scale_for_vllm,
-)
+from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
 from skyrl_glm.skyrl.compat import bridge_compat
@@ -160,9 +156,7 @@ def unique_adapter(
         todo = {n: t for n, t in dedup.unique.items() if n not in prefolded}
     folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
     if export_memo is not None and recalled is None:  # a full export: what a recall of it folds
-        changed = [n for n, t in folded.items() if t is not todo[n]]
-        pairs = (m for n in changed for m in (n.removesuffix(LORA_B_SUFFIX) + LORA_A_SUFFIX, n))
-        export_memo.rescaled = [m for m in pairs if m in todo]
+        export_memo.note_rescaled(todo, folded)
     dedup.unique.update(folded)
     return dedup
 
