@@ -180,7 +180,10 @@ class AdapterReceiver:
         # Allocated (or a kept buffer taken) only now: total_bytes is checked against what the sender staged.
         key = None if manifest.layout_key is None else (manifest.layout_key, self.layout, manifest.total_bytes)
         kept = None if key is None else self.pool.take(key)
-        staging = kept.staging if kept else torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
+        if kept is not None:
+            staging = kept.staging
+        else:
+            staging = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=self.device)
         try:
             transport.receive(manifest, handle, staging)
         except TransportError as e:
@@ -209,11 +212,7 @@ class AdapterReceiver:
                 # factor's groups: one strided view)
                 read = manifest.tensors if arrangement is None else arrangement.reads
                 sent = dict(zip((e.name for e in read), views(staging, read), strict=True))
-                if arrangement is None:
-                    tensors = rebuild(manifest, sent)
-                else:
-                    arrangement.check(sent)
-                    tensors = arrangement.build(sent)
+                tensors = rebuild(manifest, sent) if arrangement is None else arrangement.apply(sent)
                 if key is not None:
                     self.pool.keep(key, staging, sent, tensors)
                     tensors = dict(tensors)
