@@ -61,6 +61,19 @@ def _profiled(sampler, path):
     return {"started": started, "written": written, "again": again, "path": path}
 
 
+def _kernels(sampler):
+    """The bench's decode kernel profile on this engine's worker: started, one request, stopped; a stop without a
+    start (None). No GPU here: no kernel time."""
+    from skyrl_glm.bench.load_layouts import SlotReport
+
+    kernels = SlotReport.skyrl_glm_bench_kernels
+    (started,) = sampler.llm.collective_rpc(kernels, args=(True,))
+    sampler.generate([[1, 2, 3, 4]], 2)
+    (stopped,) = sampler.llm.collective_rpc(kernels, args=(False,))
+    (again,) = sampler.llm.collective_rpc(kernels, args=(False,))
+    return {"started": started, "stopped": stopped, "again": again}
+
+
 def main() -> None:
     from skyrl_glm.bench.load_layouts import rpc_round_trip
     from skyrl_glm.check.algorithm import run_check
@@ -110,6 +123,7 @@ def main() -> None:
             rpc = rpc_round_trip(sampler, calls=3)
             profiled = _profiled(sampler, str(Path(tmp) / "worker.prof"))
             profiled["functions"] = sorted({f[2] for f in pstats.Stats(profiled["path"]).stats})
+            kernels = _kernels(sampler)
         finally:
             for step in cleanup:
                 step()
@@ -128,6 +142,7 @@ def main() -> None:
             "switch_times": switch,
             "rpc_round_trip_s": rpc,
             "profiled": profiled,
+            "kernels": kernels,
         },
         sys.stdout,
     )

@@ -32,7 +32,7 @@ def test_each_layout_is_on_disk_before_the_next_engine_starts(tmp_path, monkeypa
     monkeypatch.setattr(
         load_layouts,
         "decode_throughput",
-        lambda sampler, batches, loras: {label: {str(b): 1.0 for b in batches} for label in loras},
+        lambda sampler, batches, loras, kernels: {label: {str(b): 1.0 for b in batches} for label in loras},
     )
     monkeypatch.setattr(
         load_layouts,
@@ -96,3 +96,26 @@ def test_decode_throughput_times_each_request_kind_in_turn_on_a_real_engine(glm4
     assert set(rates) == {"base", "base again"}
     for row in rates.values():
         assert set(row) == {"1", "3"} and all(0 < r < float("inf") for r in row.values())
+
+
+def test_a_profiled_decode_runs_one_more_round_per_kind_and_batch_under_the_workers_profiler():
+    """The profiled round's calls in order (a stand-in engine: the bench's own worker extension is not the suite's
+    engine's; the profiler itself runs on a real worker in ``tests/slot_replay_run.py``)."""
+    calls: list[tuple] = []
+
+    def rpc(method, args=()):
+        calls.append((method, *args))
+        return [None if args[0] else {"gpu_s": 0.5, "kernel_calls": 7, "top": []}]
+
+    def generate(prompts, params, lora_request=None, use_tqdm=True):
+        calls.append(("generate", len(prompts), lora_request))
+
+    sampler = SimpleNamespace(llm=SimpleNamespace(collective_rpc=rpc, generate=generate))
+    kernels: dict = {}
+    load_layouts.decode_throughput(sampler, [2], {"adapter": "lora", "base": None}, kernels)
+    profiled = [("skyrl_glm_bench_kernels", True), ("generate", 2, "lora"), ("skyrl_glm_bench_kernels", False)]
+    profiled += [("skyrl_glm_bench_kernels", True), ("generate", 2, None), ("skyrl_glm_bench_kernels", False)]
+    assert calls[-6:] == profiled
+    assert len(calls) == 6 + 2 * (1 + load_layouts.DECODE_ROUNDS)  # the untimed and timed rounds before it
+    assert set(kernels) == {"adapter", "base"}
+    assert kernels["adapter"]["2"]["gpu_s"] == 0.5 and kernels["adapter"]["2"]["wall_s"] >= 0

@@ -170,3 +170,8 @@ def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broke
     profiled = out["profiled"]
     assert (profiled["started"], profiled["written"], profiled["again"]) == (True, True, False)
     assert "set_active_adapters" in profiled["functions"]
+    # the layout bench's decode kernel profile: it ran and stopped on the worker (no GPU: no kernel time); a stop
+    # without a start reads None
+    kernels = out["kernels"]
+    assert kernels["started"] is None and kernels["again"] is None
+    assert kernels["stopped"] == {"gpu_s": 0, "kernel_calls": 0, "top": []}

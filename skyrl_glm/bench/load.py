@@ -395,7 +395,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--profile-dir",
         default=None,
-        help="with --layouts: each engine's worker writes a cProfile of its updates here (<layout>.prof)",
+        help="with --layouts: each engine's worker writes a cProfile of its updates here (<layout>.prof); with "
+        "--decode also the GPU kernels of one more decode round per batch (in the report's decode_kernels)",
     )
     p.add_argument("--rounds", type=int, default=5, help="timed updates per path (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed updates per path first")

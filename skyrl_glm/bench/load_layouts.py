@@ -35,7 +35,10 @@ request itself is left out: on a few-layer engine it is tens of ms of fixed work
 (measured on one H200), so its fit says nothing of a 75-layer forward, which every request pays anyway.
 
 ``--profile-dir DIR``: each engine's worker profiles its updates (cProfile, ``DIR/<layout>.prof``): the receive's and
-the load's Python on the engine's side, per function, which a profile of the bench's process cannot see.
+the load's Python on the engine's side, per function, which a profile of the bench's process cannot see. With
+``--decode``, one more decode round per batch size and request kind runs under torch's profiler in the worker: the
+GPU kernels' time, by kernel (the report's ``decode_kernels``: :meth:`SlotReport.skyrl_glm_bench_kernels`), which
+tells what the adapter adds to a step on the GPU apart from the host's share.
 
 A ``grouped:G`` layout serves an adapter shared by G groups of consecutive experts per layer (Megatron-Bridge's
 ``share_expert_adapters`` under EP G); the other layouts the one-per-layer adapter. ``max_loras``: resident
@@ -87,6 +90,8 @@ DECODE_ROUNDS = 3  # timed rounds per batch size and request kind, after one unt
 _SWITCH_TIMES = "_skyrl_glm_switch_times"  # on the worker's LoRA manager: seconds per call of each CLOCKED method
 CLOCKED = ("set_active_adapters", "add_adapter")
 _PROFILE = "_skyrl_glm_bench_profile"  # on the worker: its running cProfile.Profile
+_KERNELS = "_skyrl_glm_bench_kernels"  # on the worker: its running torch profiler
+KERNELS_KEPT = 40  # kernels per profiled decode round in the report, by GPU time
 
 
 def _synchronize() -> None:
@@ -168,6 +173,36 @@ class SlotReport(LoraSyncWorkerExtension):
         running.dump_stats(path)
         return True
 
+    def skyrl_glm_bench_kernels(self, start: bool) -> dict[str, Any] | None:
+        """Start torch's profiler of this worker's GPU kernels (``start``), or stop it and return their GPU time:
+        the total, the kernel count and the :data:`KERNELS_KEPT` kernels that took most (name, calls, seconds); None
+        when none was running. Kernels that CUDA graphs replay are counted one by one."""
+        from torch.profiler import ProfilerActivity, profile
+
+        running = self.__dict__.pop(_KERNELS, None)
+        if start:
+            if running is not None:
+                running.__exit__(None, None, None)
+            activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * torch.cuda.is_available()
+            running = self.__dict__[_KERNELS] = profile(activities=activities)
+            running.__enter__()
+            return None
+        if running is None:
+            return None
+        _synchronize()
+        running.__exit__(None, None, None)
+        kernels = [
+            (e.key, int(e.count), e.self_device_time_total / 1e6)
+            for e in running.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
+        ]
+        kernels.sort(key=lambda k: -k[2])
+        return {
+            "gpu_s": sum(k[2] for k in kernels),
+            "kernel_calls": sum(k[1] for k in kernels),
+            "top": [{"kernel": name[:160], "calls": calls, "s": s} for name, calls, s in kernels[:KERNELS_KEPT]],
+        }
+
     def skyrl_glm_bench_lora_slots(self) -> dict[str, int]:
         """Bytes of every LoRA slot tensor vLLM allocated at start (each storage once), routed experts apart."""
         manager = self.model_runner.lora_manager._adapter_manager
@@ -242,11 +277,15 @@ def _engine(
     return VllmEngineSampler(engine, max_lora_rank=_engine_lora_rank(rank))
 
 
-def decode_throughput(sampler: Any, batches: list[int], loras: dict[str, Any]) -> dict[str, dict[str, float]]:
+def decode_throughput(
+    sampler: Any, batches: list[int], loras: dict[str, Any], kernels: dict[str, Any] | None = None
+) -> dict[str, dict[str, float]]:
     """Greedy decode tokens/s per request kind (``loras``: label -> LoRA request, None for the base model) and batch
     size: ``batch`` sequences of a 4-token prompt, :data:`DECODE_TOKENS` new tokens each, EOS ignored; one untimed
     round of each kind, then :data:`DECODE_ROUNDS` rounds with the kinds in turn, the median kept. ``generate``
-    returns once every sequence is done, so its wall time is the decode's."""
+    returns once every sequence is done, so its wall time is the decode's. ``kernels`` (a dict to fill): per kind
+    and batch, one more round's GPU kernels in the worker (:meth:`SlotReport.skyrl_glm_bench_kernels`) with its
+    ``wall_s`` under the profiler."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -262,6 +301,14 @@ def decode_throughput(sampler: Any, batches: list[int], loras: dict[str, Any]) -
                     rates[label].append(batch * DECODE_TOKENS / (time.perf_counter() - t0))
         for label, got in rates.items():
             out[label][str(batch)] = statistics.median(got)
+        if kernels is not None:
+            for label, lora in loras.items():
+                sampler.llm.collective_rpc("skyrl_glm_bench_kernels", args=(True,))
+                t0 = time.perf_counter()
+                sampler.llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+                wall = time.perf_counter() - t0
+                got = sampler.llm.collective_rpc("skyrl_glm_bench_kernels", args=(False,))[0]
+                kernels.setdefault(label, {})[str(batch)] = {"wall_s": wall, **got}
     return out
 
 
@@ -475,7 +522,9 @@ def run_layout_bench(
                 if layout == NO_ADAPTER:
                     if decode:
                         progress(f"{layout}: decode at batch {','.join(map(str, decode))} ...")
-                        results[layout]["decode_tokens_per_s"] = decode_throughput(sampler, decode, {"base": None})
+                        results[layout]["decode_tokens_per_s"] = decode_throughput(
+                            sampler, decode, {"base": None}, _kernels(results[layout], profile_dir)
+                        )
                         progress(f"{layout}: decode measured")
                     after_layout(report)
                     continue
@@ -489,8 +538,9 @@ def run_layout_bench(
                 progress(f"{layout}: updates timed")
                 if decode:
                     progress(f"{layout}: decode at batch {','.join(map(str, decode))}, adapter on and off ...")
+                    kinds = {"adapter": sampler.adapter, "base": None}
                     results[layout]["decode_tokens_per_s"] = decode_throughput(
-                        sampler, decode, {"adapter": sampler.adapter, "base": None}
+                        sampler, decode, kinds, _kernels(results[layout], profile_dir)
                     )
                     progress(f"{layout}: decode measured")
             finally:
@@ -513,6 +563,11 @@ def run_layout_bench(
     if syncs:
         report["end_to_end_75"] = end_to_end(report, syncs)
     return report
+
+
+def _kernels(result: dict[str, Any], profile_dir: Path | None) -> dict[str, Any] | None:
+    """Where a layout's decode kernels go in its report when the run profiles (``--profile-dir``), else None."""
+    return None if profile_dir is None else result.setdefault("decode_kernels", {})
 
 
 def sync_groups(sync: dict[str, Any]) -> int:
@@ -686,6 +741,20 @@ def print_decode_table(report: dict[str, Any], console: Any) -> None:
                 share = f" ({row[b] / baseline[b]:.0%})" if baseline.get(b) and layout != NO_ADAPTER else ""
                 cells.append(f"{row[b]:,.0f}{share}")
             table.add_row(layout, requests, *cells, f"{r.get('kv_cache_tokens') or '-'}")
+    console.print(table)
+    profiled = {k: r["decode_kernels"] for k, r in layouts.items() if r.get("decode_kernels")}
+    if not profiled:
+        return
+    steps = report["decode_new_tokens"]
+    table = Table(title=f"GPU kernels per decode step (one profiled round of {steps} steps)")
+    for col in ("layout", "requests", "batch", "GPU ms", "wall ms", "kernels", "most GPU time"):
+        table.add_column(col, justify="left" if col == "most GPU time" else "right")
+    for layout, by_kind in profiled.items():
+        for requests, by_batch in by_kind.items():
+            for b, k in by_batch.items():
+                top = ", ".join(f"{t['kernel'][:28]} {t['s'] / steps * 1e3:.2f}" for t in k["top"][:3])
+                row = (k["gpu_s"] / steps * 1e3, k["wall_s"] / steps * 1e3, k["kernel_calls"] / steps)
+                table.add_row(layout, requests, b, *(f"{v:,.2f}" for v in row[:2]), f"{row[2]:,.0f}", top)
     console.print(table)
 
 
