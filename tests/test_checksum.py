@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from packed_streams import packed
 
-from skyrl_glm.sync.checksum import checksums, span_checks
+from skyrl_glm.sync.checksum import Spans, checksums, span_checks
 from skyrl_glm.sync.manifest import CHECKSUM_CHARS
 
 
@@ -43,6 +43,20 @@ def test_checks_follow_the_definition_and_find_every_non_finite_span():
     unchecked = span_checks(stream, spans, finite=False)
     assert unchecked[0] == sums and unchecked[1].all() and len(unchecked[1]) == len(spans)
     assert "".join(checksums(tensors)) == sums and len(checksums(tensors)) == len(tensors)
+
+
+def test_a_layouts_span_table_checks_alike_and_derives_its_columns_once():
+    """What a layout keeps (``Spans``): the same checks as the plain spans, its kernel columns and CPU runs made on
+    first use and kept."""
+    stream, spans, _ = _stream()
+    table = Spans(spans)
+    got, want = span_checks(stream, table), span_checks(stream, spans)
+    assert got[0] == want[0] and np.array_equal(got[1], want[1])
+    assert table.runs is table.runs and table.columns is table.columns
+    offsets, words, kinds = table.columns
+    assert offsets.tolist() == [o for o, _, _ in spans] and words.tolist() == [(n + 3) // 4 for _, n, _ in spans]
+    assert kinds.tolist() == [{"float32": 0, "bfloat16": 1, "float16": 2}[d] for _, _, d in spans]
+    assert table.end == max(o + (n + 3) // 4 * 4 for o, n, _ in spans) and list(table) == spans
 
 
 def test_one_flipped_bit_changes_only_its_tensor():

@@ -89,6 +89,7 @@ def _with(**changes) -> str:
         ({"checksums": "0" * 80}, "checksums: 80 characters for 4 tensors, expected 64"),
         ({"checksums": "Z" * 64}, "checksums: not all lowercase hex digits"),
         ({"checksums": "0" * 63 + "\n"}, "checksums: not all lowercase hex digits"),
+        ({"checksums": "\u0660" * 64}, "checksums: not all lowercase hex digits"),  # a digit, not an ASCII one
     ],
 )
 def test_manifest_fields_are_not_coerced(changes, reason):

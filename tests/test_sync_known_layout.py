@@ -204,6 +204,7 @@ def test_the_memo_is_used_for_an_identical_layout(monkeypatch):
     assert calls == {"structure": 1, "index": 1}
     assert rx.known.tensors is known.tensors and rx.known.names is known.names
     assert rx.known.run_names is known.run_names and set(second.tensors) == set(first.tensors)
+    assert rx.known.spans is known.spans  # the checksums' span table and its columns, derived once per layout
     assert not torch.equal(first.tensors[Q + "lora_A.weight"], second.tensors[Q + "lora_A.weight"])
     send(rx, other)
     assert calls == {"structure": 2, "index": 2}

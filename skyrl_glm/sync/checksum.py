@@ -16,7 +16,8 @@ equally sized tensors laid out at a constant stride.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,44 @@ _EXPONENT = {"float32": (0x7F800000, 32), "bfloat16": (0x7F80, 16), "float16": (
 _KIND = {"float32": 0, "bfloat16": 1, "float16": 2}
 
 Span = tuple[int, int, str]  # (byte offset, nbytes, dtype name); offsets are multiples of 4
+
+
+class Spans(Sequence[Span]):
+    """The spans of one stream layout with what :func:`span_checks` derives from them alone, made on first use and
+    kept with the layout (``Manifest.spans``, the sender's plan layout): an update then takes no Python step per
+    tensor for them (for 25,014 spans, grouped experts at 75 layers, that step took 6 ms a side on the 2-core CPU
+    machine, measured 2026-12-04)."""
+
+    def __init__(self, spans: Sequence[Span]) -> None:
+        self.spans = list(spans)
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.spans[i]
+
+    def __iter__(self) -> Iterator[Span]:
+        return iter(self.spans)
+
+    @cached_property
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Byte offsets, int32 words (bytes rounded up to 4) and dtype kinds (``_KIND``): the CUDA kernel's table."""
+        n = len(self.spans)
+        offsets = np.fromiter((o for o, _, _ in self.spans), dtype=np.int64, count=n)
+        words = (np.fromiter((b for _, b, _ in self.spans), dtype=np.int64, count=n) + 3) // 4
+        kinds = np.fromiter((_KIND[d] for _, _, d in self.spans), dtype=np.int64, count=n)
+        return offsets, words, kinds
+
+    @cached_property
+    def end(self) -> int:
+        """Where the last span's words end (its bytes rounded up to 4): what the CPU path reads of a stream."""
+        return max(o + (n + 3) // 4 * 4 for o, n, _ in self.spans)
+
+    @cached_property
+    def runs(self) -> list[tuple[int, int, int, int, str]]:
+        """:func:`_runs` of the spans: how the CPU path reads them."""
+        return _runs(self.spans)
 
 
 def _hex(sums: np.ndarray) -> str:
@@ -94,7 +133,7 @@ def _run_checks(rows: np.ndarray, dtype: str, finite: bool) -> tuple[np.ndarray,
     return plain & _MASK, weighted & _MASK, ok
 
 
-def _cpu_checks(words: np.ndarray, spans: Sequence[Span], finite: bool) -> tuple[np.ndarray, np.ndarray]:
+def _cpu_checks(words: np.ndarray, spans: Spans, finite: bool) -> tuple[np.ndarray, np.ndarray]:
     """``(sums [n, 2], finite [n])``: plain and weighted sums and the finite flag per span of ``words``, a run of
     spans at a time (:func:`_runs`: numpy's work per run, not per tensor). One thread: with int32 lanes the sums run
     at memory speed, and a thread per core measured slower on 2 cores (3.9-5.5 vs 2.1 ms for a 30 MB sender
@@ -102,7 +141,7 @@ def _cpu_checks(words: np.ndarray, spans: Sequence[Span], finite: bool) -> tuple
     plain = np.zeros(len(spans), dtype=np.int64)
     weighted = np.zeros(len(spans), dtype=np.int64)
     ok = np.ones(len(spans), dtype=bool)
-    for first, count, start, stride, dtype in _runs(spans):
+    for first, count, start, stride, dtype in spans.runs:
         size = (spans[first][1] + 3) // 4
         rows = np.lib.stride_tricks.as_strided(
             words[start:], (count, size), (stride * words.itemsize, words.itemsize), writeable=False
@@ -164,24 +203,20 @@ def _checks_cuda(device: torch.device, addrs: np.ndarray, words: np.ndarray, kin
     return out.cpu().numpy()
 
 
-def span_checks(stream: torch.Tensor, spans: Sequence[Span], finite: bool = True) -> tuple[str, np.ndarray]:
+def span_checks(stream: torch.Tensor, spans: Spans | Sequence[Span], finite: bool = True) -> tuple[str, np.ndarray]:
     """Checksum and "every value finite" of each span of the packed ``uint8`` stream: every span's checksum (16 hex
     digits) in one string, in span order (the manifest's form), and a bool array. Bytes between a span's end and the
     next multiple of 4 count as padding and must be zero (the sender zeroes them). ``finite=False``: the flags are
-    not needed (all True; saves a pass off the GPU, where the kernel gives them for free)."""
+    not needed (all True; saves a pass off the GPU, where the kernel gives them for free). A layout's
+    :class:`Spans` keeps what is derived from the spans alone between updates."""
     if not spans:
         return "", np.ones(0, dtype=bool)
+    table = spans if isinstance(spans, Spans) else Spans(spans)
     if stream.is_cuda:
-        offsets, nbytes, dtypes = zip(*spans, strict=True)
-        res = _checks_cuda(
-            stream.device,
-            np.asarray(offsets, dtype=np.int64) + stream.data_ptr(),
-            (np.asarray(nbytes, dtype=np.int64) + 3) // 4,
-            np.fromiter(map(_KIND.__getitem__, dtypes), dtype=np.int64, count=len(spans)),
-        )
+        offsets, words, kinds = table.columns
+        res = _checks_cuda(stream.device, offsets + stream.data_ptr(), words, kinds)
         return _hex(res), res[:, 2] == 0
-    end = max(o + (n + 3) // 4 * 4 for o, n, _ in spans)
-    sums, ok = _cpu_checks(stream[:end].numpy().view(np.int32), spans, finite)
+    sums, ok = _cpu_checks(stream[: table.end].numpy().view(np.int32), table, finite)
     return _hex(sums), ok
 
 

@@ -129,7 +129,7 @@ def _fold_regions(buffer: torch.Tensor, regions: Sequence[tuple[str, int, int]],
 @dataclass
 class _Layout:
     """What a plan derives from the adapter's structure alone: the packing order, the entries, the ``lora_B``
-    regions, the checksum spans and the validated manifest (its per-update fields aside); and the typed views of
+    regions and the validated manifest (with its checksum spans) (its per-update fields aside); and the typed views of
     the last stream buffer it was packed into (:meth:`views_of`)."""
 
     order: list[int]  # the dedup's sent tensors, in packing order
@@ -137,8 +137,7 @@ class _Layout:
     entries: list[TensorEntry]
     total: int
     regions: list[tuple[str, int, int]]
-    spans: list[tuple[int, int, str]]
-    manifest: Manifest
+    manifest: Manifest  # its spans: what the checksums read
     _views: tuple[Any, list[torch.Tensor], list[list[torch.Tensor]]] | None = field(default=None, repr=False)
 
     def views_of(self, buffer: torch.Tensor, keep: bool) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
@@ -225,11 +224,10 @@ def _new_layout(dedup: Dedup, config: dict[str, Any], lora_name: str, bucket_byt
     )
     manifest.validate()
     manifest.layout_json  # noqa: B018 - written once per layout
-    spans = [(e.offset, e.nbytes, e.dtype) for e in entries]
     by_dtype: dict[str, list[int]] = {}
     for i, e in enumerate(entries):
         by_dtype.setdefault(e.dtype, []).append(i)
-    return _Layout(order, list(by_dtype.values()), entries, total, _b_regions(entries), spans, manifest)
+    return _Layout(order, list(by_dtype.values()), entries, total, _b_regions(entries), manifest)
 
 
 def build_plan(
@@ -310,7 +308,7 @@ def _build_plan(
         del work
     packed = list(packed)  # the plan's own list: the layout keeps its views
     t5 = time.perf_counter()
-    sums, _ = span_checks(buffer, laid.spans, finite=False)
+    sums, _ = span_checks(buffer, laid.manifest.spans, finite=False)
     t6 = time.perf_counter()
     manifest = laid.manifest.with_update(version, sums)
     timings = {
