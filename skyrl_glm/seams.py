@@ -272,6 +272,16 @@ SEAMS: tuple[Seam, ...] = (
             ("w2_lora_b_stacked", "down lora_B"),
         )
     ),
+    # -- vLLM: the per-expert layout's packed factors (skyrl_glm/sync/vllm/expert_views.py) -------------------
+    Seam(
+        "vllm.lora.lora_weights:PackedLoRALayerWeights",
+        "pack_moe",
+        "patched",
+        VLLM,
+        "skyrl_glm/sync/vllm/expert_views.py",
+        "per-expert factors packed as views of the received update where they allow one, not stacked into a copy per "
+        "version (vLLM's own packing for the rest; its constructor is called as vLLM's pack_moe calls it)",
+    ),
     # -- vLLM and SkyRL: the load memo (skyrl_glm/sync/vllm/load_memo.py) --------------------------------------
     Seam(
         "vllm.lora.worker_manager:WorkerLoRAManager",

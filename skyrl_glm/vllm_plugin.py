@@ -4,7 +4,8 @@
   vLLM's LoRA name parses per name across loads (:mod:`skyrl_glm.sync.vllm.lora_names`); a version of a structure
   loaded before is cloned from its ``LoRAModel`` (:mod:`skyrl_glm.sync.vllm.load_memo`).
 * Installs the shared-all and grouped expert layouts' slots (:mod:`skyrl_glm.sync.vllm.shared_factors`), on only
-  in an engine that asks for it.
+  in an engine that asks for it; packs per-expert factors as views of the received update where they allow one
+  (:mod:`skyrl_glm.sync.vllm.expert_views`).
 * Activates an adapter by replaying vLLM's own slot writes, recorded on the first activation of each adapter
   structure (:mod:`skyrl_glm.sync.vllm.slot_replay`).
 * On CPU only: keeps the CPU fused-MoE backend when LoRA is enabled. vLLM otherwise forces the Triton
@@ -43,13 +44,14 @@ def register() -> None:
     from skyrl.backends.skyrl_train.patches.vllm.patch_lora_in_memory import apply_lora_in_memory_patch
     from vllm.platforms import current_platform
 
-    from skyrl_glm.sync.vllm import load_memo, lora_names, route_guard, shared_factors, slot_replay
+    from skyrl_glm.sync.vllm import expert_views, load_memo, lora_names, route_guard, shared_factors, slot_replay
 
     apply_lora_in_memory_patch()
     load_memo.install()
     lora_names.install()
     route_guard.install()
     shared_factors.install()
+    expert_views.install()
     slot_replay.install()
     if current_platform.is_cpu():
         _keep_cpu_moe_backend_with_lora()

@@ -63,13 +63,17 @@ def experts_module(layer: int) -> str:
     return f"model.layers.{layer}.mlp.experts"
 
 
+def expert_loras(model, layer: int) -> list:
+    """A loaded model's per-expert LoRAs of one layer in ``pack_moe``'s order: experts.{e}.{gate,down,up}_proj."""
+    module = experts_module(layer)
+    return [model.loras[f"{module}.{e}.{p}"] for e in range(EXPERTS) for p in ("gate_proj", "down_proj", "up_proj")]
+
+
 def slots_per_expert(tensors: dict[str, torch.Tensor], layer: int) -> tuple[list, list]:
     """What the per-expert names give vLLM's 2D MoE slots: ``pack_moe`` over experts.{e}.{gate,down,up}_proj."""
     from vllm.lora.lora_weights import PackedLoRALayerWeights
 
-    model = vllm_loras(tensors)
-    names = [f"{experts_module(layer)}.{e}.{p}" for e in range(EXPERTS) for p in ("gate_proj", "down_proj", "up_proj")]
-    packed = PackedLoRALayerWeights.pack_moe([model.loras[n] for n in names], experts_module(layer))
+    packed = PackedLoRALayerWeights.pack_moe(expert_loras(vllm_loras(tensors), layer), experts_module(layer))
     return packed.lora_a, packed.lora_b
 
 
@@ -509,3 +513,59 @@ def test_the_slot_replay_repeats_vllms_writes_into_a_shared_or_grouped_layer(lay
     written = [t[1] for name in SLOT_NAMES for t in getattr(moe, name)]
     assert all(torch.equal(r, w) for r, w in zip(replayed, written, strict=True))
     assert any(r.any() for r in replayed)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-adapter", "own-adapters"])
+def test_per_expert_factors_are_packed_as_views_of_the_update_and_fill_the_slots_alike(shared: bool) -> None:
+    """vLLM's ``pack_moe`` stacks every expert's factors into fresh tensors per adapter version (on the GPU, with
+    the in-memory load, beside the engine's budget); skyrl-glm's plugin hands it views of the received update
+    instead: a broadcast view where every expert shows one tensor (Bridge's shared adapter), a strided one where the
+    sender laid a factor's experts back to back. The slots get what vLLM's own packing gives them."""
+    from vllm.lora.lora_weights import PackedLoRALayerWeights as Packed
+
+    from skyrl_glm.sync.vllm import expert_views
+
+    expert_views.install()
+    own = Packed._skyrl_glm_expert_views  # vLLM's pack_moe, as the plugin found it
+    received = receive(adapter(shared), layouts.PER_EXPERT).tensors
+    update = {t.untyped_storage().data_ptr() for t in received.values()}
+    model = vllm_loras(received)
+    for layer in MOE_LAYERS:
+        loras = expert_loras(model, layer)
+        got, want = Packed.pack_moe(loras, experts_module(layer)), own(Packed, loras, experts_module(layer))
+        assert_same_slots((got.lora_a, got.lora_b), (want.lora_a, want.lora_b))
+        factors = (*got.lora_a, *got.lora_b)
+        assert all(t.untyped_storage().data_ptr() in update for t in factors)  # no copy: the update's memory
+        assert all((t.stride(0) == 0) == shared for t in factors)
+        assert not any(t.untyped_storage().data_ptr() in update for t in (*want.lora_a, *want.lora_b))
+        views, copies = fused_moe_layer(False, layouts.PER_EXPERT), fused_moe_layer(False, layouts.PER_EXPERT)
+        written = slots_set(views, got.lora_a, got.lora_b), slots_set(copies, want.lora_a, want.lora_b)
+        assert all(torch.equal(g, w) for g, w in zip(*written, strict=True))
+
+
+def test_a_factor_without_a_view_of_its_experts_is_stacked_as_vllm_does() -> None:
+    """Rows that overlap, run backwards, sit in other storages or differ in kind have no view; a LoRA vLLM would
+    scale in place (``scaling`` != 1) is packed by vLLM's own code, a copy the scaling cannot reach the update
+    through."""
+    from vllm.lora.lora_weights import PackedLoRALayerWeights as Packed
+
+    from skyrl_glm.sync.vllm import expert_views
+
+    base = torch.arange(48.0).reshape(12, 4)
+    assert expert_views.stacked_view([base[0:2], base[1:3]]) is None  # overlapping
+    assert expert_views.stacked_view([base[4:6], base[2:4], base[0:2]]) is None  # backwards
+    assert expert_views.stacked_view([base[0:2], base[0:2].clone()]) is None  # another storage
+    assert expert_views.stacked_view([base[0:2], base[2:4].double()]) is None
+    assert expert_views.stacked_view([base[0:2, :2], base[2:4, :2]]) is None  # rows apart but not contiguous
+    strided = expert_views.stacked_view([base[0:2], base[4:6], base[8:10]])
+    assert strided is not None and torch.equal(strided, torch.stack([base[0:2], base[4:6], base[8:10]]))
+    assert strided.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    expert_views.install()
+    received = receive(adapter(True), layouts.PER_EXPERT).tensors
+    model = vllm_loras(received)
+    layer = MOE_LAYERS[0]
+    loras = expert_loras(model, layer)
+    loras[0].scaling = 2.0
+    packed = Packed.pack_moe(loras, experts_module(layer))
+    update = {t.untyped_storage().data_ptr() for t in received.values()}
+    assert not any(t.untyped_storage().data_ptr() in update for t in (*packed.lora_a, *packed.lora_b))
