@@ -155,3 +155,40 @@ def _extra_module(publisher, adapter, config, version):
     """A complete A/B pair for a module the model does not have: vLLM's loader refuses it."""
     extra = {k.replace("q_proj", "bogus_proj"): v for k, v in adapter.items() if "layers.0.self_attn.q_proj" in k}
     return publisher.publish({**adapter, **extra}, config, version)
+
+
+class _Recording:
+    """The engine, with the manifests it is handed recorded: (characters, whether the layout is in them)."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler, self.sent = sampler, []
+
+    def apply_update(self, manifest_json, handle, transport):
+        self.sent.append((len(manifest_json), '"layout":' in manifest_json))
+        return self.sampler.apply_update(manifest_json, handle, transport)
+
+
+def test_a_known_layout_is_named_by_digest_and_sent_again_to_an_engine_that_holds_another(
+    glm45_trainer, glm45_sampler, versions
+):
+    """Once the engine accepted a layout the publisher names it by digest; when the engine holds another layout by
+    then (another publisher updated it), it refuses the name, gets the layout in a second attempt over the same
+    staged bytes, and serves the update."""
+    engine = _Recording(glm45_sampler)
+    publisher = InMemoryPublisher(engine, SharedMemoryTransport())
+    adapter, config = glm45_trainer.adapter(), glm45_trainer.lora_config
+    for _ in range(2):
+        result = publisher.publish(adapter, config, versions.next())
+        assert result.ok, result.reason
+    (full, with_layout), (named, without) = engine.sent
+    assert with_layout and not without and named * 4 < full
+    assert (
+        InMemoryPublisher(glm45_sampler, SharedMemoryTransport(), lora_name="other")
+        .publish(adapter, config, versions.next())
+        .ok
+    )
+    engine.sent.clear()
+    result = publisher.publish(adapter, config, versions.next())
+    assert result.ok, result.reason
+    assert [with_layout for _, with_layout in engine.sent] == [False, True]  # named, refused, sent
+    assert _max_diff(glm45_sampler.score(SEQS), glm45_trainer.score(SEQS)) <= 1e-5

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import hmac
 import json
 import marshal
 import math
@@ -274,7 +276,10 @@ def _layout_key(layout: dict[str, Any]) -> bytes | None:
 
 
 # what Manifest derives from its layout alone (cached properties), handed on to a manifest of the same layout
-_LAYOUT_CACHES = ("names", "spans", "run_names", "layout_json")
+_LAYOUT_CACHES = ("names", "spans", "run_names", "layout_json", "layout_digest")
+# The reason a receiver gives for a manifest that names a layout it does not hold (its first words): the sender
+# then sends the layout itself (:meth:`Manifest.to_json`).
+UNKNOWN_LAYOUT = "unknown layout"
 
 
 @dataclass(frozen=True)
@@ -370,12 +375,20 @@ class Manifest:
         }
         return json.dumps(layout, separators=_SEPARATORS)
 
-    def to_json(self) -> str:
+    @cached_property
+    def layout_digest(self) -> str:
+        """SHA-256 of :attr:`layout_json` (hex): the name by which a manifest refers to a layout the receiver holds."""
+        return hashlib.sha256(self.layout_json.encode()).hexdigest()
+
+    def to_json(self, layout: bool = True) -> str:
         """The manifest as compact JSON: the per-update fields around the layout's text (the same text as one
-        ``json.dumps`` of the whole object)."""
+        ``json.dumps`` of the whole object). ``layout=False``: the layout by its digest (``layout_digest``), for a
+        receiver that accepted this layout already: at 25,014 sent tensors (grouped experts at 75 layers) the layout
+        is 7.3 MB of the 7.7, the same every update."""
         head = {"format": self.format, "version": self.version, "checksums": self.checksums}
         extra = json.dumps(self.extra, separators=_SEPARATORS)
-        return f'{json.dumps(head, separators=_SEPARATORS)[:-1]},"layout":{self.layout_json},"extra":{extra}}}'
+        body = f'"layout":{self.layout_json}' if layout else f'"layout_digest":"{self.layout_digest}"'
+        return f'{json.dumps(head, separators=_SEPARATORS)[:-1]},{body},"extra":{extra}}}'
 
     def with_update(self, version: int, checksums: str, extra: dict[str, Any] | None = None) -> Manifest:
         """This layout with another update's ``version``, ``checksums`` and ``extra``: the layout's objects and
@@ -393,14 +406,16 @@ class Manifest:
         :meth:`validate`. Every problem is one :class:`ManifestError` naming the field.
 
         ``known``: a manifest the caller parsed here before and accepted. When the layout is identical to known's
-        (its text, :func:`_around_layout`, read without parsing it; or its value, :func:`_layout_key`), known's
-        validated tensor table, alias runs and name index are reused and only ``version``, ``checksums`` and
-        ``extra`` are checked; any other layout is validated in full."""
+        (its text, :func:`_around_layout`, read without parsing it; or its value, :func:`_layout_key`; or named by
+        its digest, ``layout_digest``, in place of the layout), known's validated tensor table, alias runs and name
+        index are reused and only ``version``, ``checksums`` and ``extra`` are checked; any other layout is
+        validated in full. A digest that names no layout held here is refused with :data:`UNKNOWN_LAYOUT`."""
         if not isinstance(text, str):
             raise ManifestError(f"manifest must be JSON text, got {type(text).__name__}")
         if len(text) > MAX_MANIFEST_BYTES:
             raise ManifestError(f"manifest of {len(text)} characters exceeds the cap of {MAX_MANIFEST_BYTES}")
         d = _around_layout(text, known.layout_json) if known is not None and known.layout_key is not None else None
+        by_text = d is not None
         if d is None:
             try:
                 d = json.loads(text)
@@ -412,11 +427,24 @@ class Manifest:
         version = _count(d, "version", "manifest")
         checksums = _field(d, "checksums", str, "manifest")
         extra = _field(d, "extra", dict, "manifest") if "extra" in d else {}
+        if "layout" in d and "layout_digest" in d:
+            raise ManifestError("manifest: both layout and layout_digest (send one)")
         if "layout" in d:
             layout = _field(d, "layout", dict, "manifest")
             key = _layout_key(layout)
-        else:  # known's layout, by its text
+        elif by_text:  # known's layout, by its text
             layout, key = None, known.layout_key  # type: ignore[union-attr]  # _around_layout had known
+        elif "layout_digest" not in d:
+            raise ManifestError("manifest: missing field 'layout' (or 'layout_digest', naming one held here)")
+        else:
+            digest = _field(d, "layout_digest", str, "manifest")
+            held = known is not None and known.layout_key is not None and digest.isascii()
+            if not (held and hmac.compare_digest(digest, known.layout_digest)):  # type: ignore[union-attr]
+                raise ManifestError(
+                    f"{UNKNOWN_LAYOUT} {digest[:16]!r}: no layout of that digest was accepted here "
+                    "(the sender sends the layout itself)"
+                )
+            layout, key = None, known.layout_key
         if known is not None and key is not None and key == known.layout_key:
             m = cls(
                 version=version,

@@ -24,6 +24,7 @@ from typing import Any
 from safetensors.torch import save_file
 
 from skyrl_glm.sync.dedup import DedupMemo
+from skyrl_glm.sync.manifest import UNKNOWN_LAYOUT
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, PlanCache, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.update import Adapter, AsyncSampler, Sampler, UpdateResult
@@ -50,6 +51,8 @@ class InMemoryPublisher:
         self.shared_storage = shared_storage
         self.memo = DedupMemo() if shared_storage else None
         self.plan_cache = PlanCache()
+        # the digest of the layout the sampler accepted last: a plan of that layout names it instead of sending it
+        self.accepted_layout: str | None = None
 
     def plan(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> SyncPlan:
         """Plan straight into the transport's staging memory (send it with :meth:`send` before the next plan); a
@@ -86,31 +89,49 @@ class InMemoryPublisher:
         result.timings = {**plan.timings, "stage_s": t1 - t0, **result.timings, "total_s": time.perf_counter() - t0}
         return result
 
+    def _manifest(self, plan: SyncPlan) -> tuple[str, bool]:
+        """The manifest's text, and whether it names its layout by digest: when the sampler accepted this layout
+        last, over a transport whose bytes a second attempt can read again (not a collective one: its stream
+        happens once)."""
+        by_digest = not self.transport.needs_group and plan.manifest.layout_digest == self.accepted_layout
+        return plan.manifest.to_json(layout=not by_digest), by_digest
+
+    def _accepted(self, plan: SyncPlan, result: UpdateResult) -> UpdateResult:
+        self.accepted_layout = plan.manifest.layout_digest if result.ok else None
+        return result
+
     def send(self, plan: SyncPlan) -> UpdateResult:
         """Ship a plan: stage it, let the sampler receive while the transport streams, then release (always:
-        whatever the sampler or the stream raised, nothing staged outlives the call)."""
+        whatever the sampler or the stream raised, nothing staged outlives the call). A sampler that no longer
+        holds the layout the manifest names (restarted, or updated by another publisher since) gets the layout."""
         try:
             t0, t1, handle = self._stage(plan)
+            text, by_digest = self._manifest(plan)
             with ThreadPoolExecutor(1) as pool:
-                answer = pool.submit(self.sampler.apply_update, plan.manifest.to_json(), handle, self.transport.name)
+                answer = pool.submit(self.sampler.apply_update, text, handle, self.transport.name)
                 self.transport.stream(plan)
                 result = answer.result()
+            if by_digest and UNKNOWN_LAYOUT in result.reason:
+                result = self.sampler.apply_update(plan.manifest.to_json(), handle, self.transport.name)
         finally:
             self.transport.release()
-        return self._timed(plan, result, t0, t1)
+        return self._timed(plan, self._accepted(plan, result), t0, t1)
 
     async def send_async(self, plan: SyncPlan) -> UpdateResult:
         """:meth:`send` for an async sampler: its ``apply_update`` is awaited while a thread streams."""
         try:
             t0, t1, handle = await asyncio.to_thread(self._stage, plan)
+            text, by_digest = self._manifest(plan)
             streaming = asyncio.ensure_future(asyncio.to_thread(self.transport.stream, plan))
             try:
-                result = await self.sampler.apply_update(plan.manifest.to_json(), handle, self.transport.name)
+                result = await self.sampler.apply_update(text, handle, self.transport.name)
             finally:
                 await streaming
+            if by_digest and UNKNOWN_LAYOUT in result.reason:
+                result = await self.sampler.apply_update(plan.manifest.to_json(), handle, self.transport.name)
         finally:
             self.transport.release()
-        return self._timed(plan, result, t0, t1)
+        return self._timed(plan, self._accepted(plan, result), t0, t1)
 
     def publish(self, adapter: Adapter, adapter_config: Mapping[str, Any], version: int) -> UpdateResult:
         t0 = time.perf_counter()

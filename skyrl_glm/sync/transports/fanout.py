@@ -36,6 +36,10 @@ class FanOut(Transport):
         self.parts = list(parts)
 
     @property
+    def needs_group(self) -> bool:  # type: ignore[override]  # a collective part streams over its group
+        return any(p.needs_group for p in self.parts)
+
+    @property
     def keeps_staging(self) -> bool:  # type: ignore[override]  # the first part's: it gives the staging memory
         return self.parts[0].keeps_staging
 
