@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from skyrl_glm.sync.manifest import CHECKSUM_CHARS
-
+CHECKSUM_CHARS = 16  # hex digits of one tensor's checksum: two sums modulo 2**32, 8 each
 _WEIGHT_PERIOD = 251
 _MASK = 0xFFFFFFFF  # the sums are taken modulo 2**32
 # Exponent bits of a float: all set = inf or NaN. Per dtype name: (mask, bits per value in an int32 word).

@@ -22,18 +22,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain, repeat
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from skyrl_glm.sync.aliases import MAX_INDEX, AliasError, AliasRun, NameIndex, runs_from_json
-
-if TYPE_CHECKING:
-    from skyrl_glm.sync.checksum import Spans
+from skyrl_glm.sync.checksum import CHECKSUM_CHARS, Spans
 
 FORMAT = "skyrl-glm/lora-sync/3"
 ALIGN = 64  # byte alignment of every tensor in the packed stream
-CHECKSUM_CHARS = 16  # hex digits of one tensor's checksum (two sums modulo 2**32, see ``sync/checksum.py``)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -311,8 +308,6 @@ class Manifest:
     def spans(self) -> Spans:
         """``(offset, nbytes, dtype)`` per tensor: what :func:`~skyrl_glm.sync.checksum.span_checks` reads, with what
         it derives from them (kept with the layout, like every cache here)."""
-        from skyrl_glm.sync.checksum import Spans  # it imports this module
-
         return Spans([(t.offset, t.nbytes, t.dtype) for t in self.tensors])
 
     @cached_property
