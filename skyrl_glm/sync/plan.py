@@ -223,7 +223,7 @@ def _new_layout(dedup: Dedup, config: dict[str, Any], lora_name: str, bucket_byt
         alias_runs=tuple(dedup.runs),
     )
     manifest.validate()
-    manifest.layout_json  # noqa: B018 - written once per layout
+    manifest.layout_digest  # noqa: B018 - its text and digest, made once per layout (each update's manifest shares them)
     by_dtype: dict[str, list[int]] = {}
     for i, e in enumerate(entries):
         by_dtype.setdefault(e.dtype, []).append(i)
