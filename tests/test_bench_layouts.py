@@ -241,6 +241,12 @@ def test_the_table_and_the_plot_are_written(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "75 (fit)" in out and "engine did not start" in out and "SkyRL 0.4.0 memory path" in out
     assert "inside the worker" in out and "shared-outer 1.23 ms" in " ".join(out.split())
+    assert all(f", {st} " in out for st in L.RECEIVER_STAGES)  # the receive's own stages, from the worker
+    for med in report["layouts"]["shared-outer"]["medians_s"].values():  # a report from before they were kept
+        for st in L.RECEIVER_STAGES:
+            del med[f"{st}_worker_s"]
+    L.print_layout_report(report)
+    assert "shared-outer at 2: receive" in " ".join(capsys.readouterr().out.split())
     L.plot_layout_report(report, str(tmp_path / "layouts.png"))
     assert (tmp_path / "layouts.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -9,10 +9,11 @@ on the new version. Per update: ``receive_s`` (the worker RPC: transfer, verify,
 adapter already active), ``activation_s`` (what the first request spent in vLLM's adapter switch, timed in the
 worker: :meth:`SlotReport.skyrl_glm_bench_switch_times`; ``repeat_activation_s`` the repeat's) and
 ``to_first_request_s`` (from the publish to the first request's end); of the receive and the load, the worker's
-own share (``receive_worker_s``: the receive call inside the worker; ``load_worker_s``: vLLM's ``add_adapter``
-there), the rest being the RPCs that carry them. Each stage is fitted by
-least squares against the layer count (slope, intercept and residuals shown; the slope not below zero) and read at
-GLM-5.3's 75 MoE layers.
+own share (``receive_worker_s``: the receive call inside the worker, and of it the receiver's stages
+``transfer_worker_s``, ``verify_worker_s`` (``verify_manifest_worker_s`` its part before any byte) and
+``rebuild_worker_s``; ``load_worker_s``: vLLM's ``add_adapter`` there), the rest being the RPCs that carry them.
+Each stage is fitted by least squares against the layer count (slope, intercept and residuals shown; the slope not
+below zero) and read at GLM-5.3's 75 MoE layers.
 
 Full-width routed experts take ~19 GB per MoE layer, so one H200 holds 6 of GLM-5.3's 75, and a fit from a few
 layers multiplies their jitter out by 15 or more (measured: two runs' compositions 24 and 58 ms apart).
@@ -73,6 +74,10 @@ FULL_LAYERS = 78
 STAGES = (
     "receive_s",
     "receive_worker_s",
+    "transfer_worker_s",
+    "verify_worker_s",
+    "verify_manifest_worker_s",
+    "rebuild_worker_s",
     "load_s",
     "load_worker_s",
     "request_s",
@@ -82,6 +87,8 @@ STAGES = (
     "to_first_request_s",
 )
 SHOWN = tuple(s for s in STAGES if not s.endswith("_worker_s"))
+# the receiver's own stages inside the worker's receive (its ``timings``), each kept as ``<stage>_worker_s``
+RECEIVER_STAGES = ("transfer", "verify", "verify_manifest", "rebuild")
 RPC_CALLS = 20  # no-op worker calls timed per engine (rpc_round_trip)
 DECODE_TOKENS = 64  # new tokens per sequence in the decode measurement
 DECODE_ROUNDS = 3  # timed rounds per batch size and request kind, after one untimed
@@ -371,6 +378,7 @@ def _updates(
                             {
                                 "receive_s": t["receive_rpc_s"],
                                 "receive_worker_s": t["worker_s"],
+                                **{f"{st}_worker_s": t[f"{st}_s"] for st in RECEIVER_STAGES},
                                 "load_s": t["load_s"],
                                 "load_worker_s": served.add_s,
                                 "request_s": served.first_s - served.published_s,
@@ -670,6 +678,11 @@ def print_layout_report(report: dict[str, Any]) -> None:
                 inside.append(
                     f"{label} at {k}: receive {med['receive_worker_s'] * 1e3:.1f} of {med['receive_s'] * 1e3:.1f} ms, "
                     f"load {med['load_worker_s'] * 1e3:.1f} of {med['load_s'] * 1e3:.1f} ms"
+                    + "".join(
+                        f", {st} {med[f'{st}_worker_s'] * 1e3:.1f}"
+                        for st in RECEIVER_STAGES
+                        if f"{st}_worker_s" in med  # a report from before they were kept has none
+                    )
                 )
             fit = stages["fit_75"]
             # a fit held flat (its slope was below zero: jitter on flat work) says so
