@@ -212,10 +212,41 @@ def plan_rebuilt(plan: Any) -> dict[str, torch.Tensor]:
 @pytest.mark.usefixtures("peft_bridge", "one_rank")
 def test_the_comparison_catches_a_sync_that_skips_the_rank_scale_fold(monkeypatch: pytest.MonkeyPatch) -> None:
     stream = packed_and_reduced_rank(4)
-    monkeypatch.setattr(megatron, "fold_lora_rank_scale_for_vllm", lambda state, config_rank: (dict(state), {}))
+    monkeypatch.setattr(megatron, "fold_rank_scale", lambda state, config_rank: dict(state))
     got = plan_rebuilt(planned(ExportingWorker(stream, 4)))
     with pytest.raises(AssertionError):
         assert_bit_exact(got, skyrl_file_path(stream, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_batched_rank_scale_fold_is_skyrls_bit_for_bit(dtype: torch.dtype) -> None:
+    """Ratios exact in every dtype (8) and not (32 / 12, 32 / 24), 2D and fused 3D factors, a lora_B without its
+    lora_A: the same keys in the same order, equal bits, and what is not rescaled handed on as the same object."""
+    gen = torch.Generator().manual_seed(0)
+
+    def pair(name: str, rank: int, out: int = 24, inp: int = 20, experts: int | None = None) -> dict:
+        lead = () if experts is None else (experts,)
+        a = torch.randn(*lead, rank, inp, generator=gen).to(dtype)
+        b = (torch.randn(*lead, out, rank, generator=gen) * 3.7).to(dtype)
+        return {f"{name}.lora_A.weight": a, f"{name}.lora_B.weight": b}
+
+    state = {
+        **pair("l0.q_proj", 32),
+        **pair("l0.experts.0.fc1", 4),
+        **pair("l0.experts.1.fc1", 4),
+        **pair("l0.experts.gate_up_proj", 12, experts=3),
+        **pair("l1.o_proj", 24),
+        "l1.down_proj.lora_B.weight": (torch.randn(16, 12, generator=gen) * 5).to(dtype),
+    }
+    want, _ = fold_lora_rank_scale_for_vllm(state, config_rank=32)
+    got = megatron.fold_rank_scale(state, config_rank=32)
+    assert list(got) == list(want)
+    for name, t in want.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), name
+    assert all((got[n] is state[n]) == (want[n] is state[n]) for n in state)
+    assert sum(got[n] is not state[n] for n in state) == 5  # the four rescaled pairs' B and the lone B
+    with pytest.raises(ValueError, match="config_rank"):
+        megatron.fold_rank_scale(state, config_rank=0)
 
 
 # ------------------------------------------------------------------------------------- rank 0's memory

@@ -11,19 +11,24 @@ the GPU that rank 0 deduplicates as it arrives, so only unique tensors are ever 
 any host. The dedup is skyrl-glm's exact one (:func:`~skyrl_glm.sync.dedup.deduplicate`: by view, then proven equal
 in bulk) instead of SkyRL's ``dedupe_shared_expert_adapters`` (a ``torch.equal`` per expert name, a hint of
 ``experts_per_shared_adapter``); ``bench sync --exporter bridge-stream`` measures both over the same stream. The
-per-module rank-scale fold and the fused-MoE layout vLLM accepts are SkyRL's functions, run on the unique tensors
-only; the plan then folds ``alpha / r``, checksums and sends.
+per-module rank-scale fold is SkyRL's arithmetic batched (:func:`fold_rank_scale`) and the fused-MoE layout vLLM
+accepts SkyRL's function, both run on the unique tensors only; the plan then folds ``alpha / r``, checksums and
+sends.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lora_rank_scale_for_vllm
+from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
+    LORA_A_SUFFIX,
+    LORA_B_SUFFIX,
+    lora_rank_from_tensors,
+)
 
 from skyrl_glm.lora.bridge import PEFT_PREFIX
 from skyrl_glm.skyrl.compat import bridge_compat
@@ -95,7 +100,7 @@ class VllmNamedStream(StreamReader):
         from skyrl.backends.skyrl_train.distributed.megatron.megatron_utils import _convert_moe_experts_lora_to_vllm
 
         stacked = {n: ts[0] if len(ts) == 1 else torch.stack(ts, dim=0) for n, ts in held.items()}
-        stacked, _ = fold_lora_rank_scale_for_vllm(stacked, config_rank=self.config_rank)
+        stacked = fold_rank_scale(stacked, config_rank=self.config_rank)
         if not indexed:
             converted = _convert_moe_experts_lora_to_vllm(stacked, num_moe_experts=self.num_moe_experts)
             self.prefolded.update(converted)
@@ -128,7 +133,8 @@ def unique_adapter(
     params: Sequence[torch.Tensor] = (),
 ) -> Dedup:
     """Rank 0's half of one Megatron sync: the export deduplicated as it streams, then SkyRL's rank-scale fold
-    on the unique tensors (a fold of a shared tensor once, however many expert names show it). ``shared_storage``:
+    (batched: :func:`fold_rank_scale`) on the unique tensors (a fold of a shared tensor once, however many expert
+    names show it). ``shared_storage``:
     the bridge's LoRA shares one adapter across a layer's experts (``share_expert_adapters``), so the export shows
     one storage under every expert name, as SkyRL's ``experts_per_shared_adapter`` hint assumes (exact either way:
     a wrong declaration only sends a duplicate). ``memo``: the worker's, kept across syncs (with ``shared_storage``, a
@@ -154,11 +160,31 @@ def unique_adapter(
         if export_memo is not None:  # a tensor the stream converted is a view of no parameter: nothing to learn
             export_memo.learn(dedup, () if prefolded else params)
         todo = {n: t for n, t in dedup.unique.items() if n not in prefolded}
-    folded, _ = fold_lora_rank_scale_for_vllm(todo, config_rank=config_rank)
+    folded = fold_rank_scale(todo, config_rank=config_rank)
     if export_memo is not None and recalled is None:  # a full export: what a recall of it folds
         export_memo.note_rescaled(todo, folded)
     dedup.unique.update(folded)
     return dedup
+
+
+def fold_rank_scale(adapter: Mapping[str, torch.Tensor], *, config_rank: int) -> dict[str, torch.Tensor]:
+    """SkyRL 0.4.0's ``fold_lora_rank_scale_for_vllm`` (each ``lora_B`` of a rank other than ``config_rank`` times
+    ``config_rank / rank``, in float32 and cast back; the rest passed through as the same objects), bit for bit, with
+    the multiplies of one ratio, dtype and device in one ``torch._foreach_mul``: SkyRL's loop takes three kernels per
+    tensor, and grouped experts rescale one ``lora_B`` per group and factor (9,600 at 64 groups and 75 layers)."""
+    if config_rank <= 0:
+        raise ValueError(f"config_rank must be positive, got {config_rank}")
+    batches: dict[tuple[float, torch.dtype, torch.device], list[str]] = {}
+    for name, tensor in adapter.items():
+        if name.endswith(LORA_B_SUFFIX):
+            rank = lora_rank_from_tensors(adapter.get(name.removesuffix(LORA_B_SUFFIX) + LORA_A_SUFFIX), tensor)
+            if rank != config_rank:
+                batches.setdefault((config_rank / rank, tensor.dtype, tensor.device), []).append(name)
+    folded = dict(adapter)
+    for (ratio, _, _), names in batches.items():
+        # a float scalar is applied in float32 to a bf16/fp16 tensor and rounded once, as SkyRL's upcast does
+        folded.update(zip(names, torch._foreach_mul([adapter[n] for n in names], ratio), strict=True))
+    return folded
 
 
 def _peak_bytes(device: torch.device) -> int | None:
