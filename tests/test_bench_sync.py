@@ -11,7 +11,7 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import fold_lor
 
 from skyrl_glm.bench import cli, report
 from skyrl_glm.bench.procs import StoreChannel, free_port
-from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter
+from skyrl_glm.bench.synthetic import BenchOptions, synthetic_adapter, values_device
 from skyrl_glm.lora.bridge import adapter_config
 from skyrl_glm.sync.plan import build_plan
 from skyrl_glm.sync.receiver import AdapterReceiver
@@ -109,6 +109,33 @@ def test_layers_cuts_the_full_config():
     expert_names = [n for n in syn.names if ".mlp.experts." in n]
     assert len(expert_names) == 256 * 6  # one MoE layer, 256 experts, gate/up/down x A/B
     assert {n.split(".layers.")[1].split(".")[0] for n in expert_names} == {"3"}
+
+
+def test_each_process_draws_on_its_own_device_and_the_counting_one_draws_nothing():
+    """The values where both sides' devices are of one kind, else on the host; ``meta`` counts the same bytes."""
+    cpu = BenchOptions(config="tiny", rank=2, transport="nccl", device="cpu").resolved()
+    assert values_device(cpu, cpu.device) == values_device(cpu, cpu.recv_device) == "cpu"
+    mixed = BenchOptions(config="tiny", rank=2, device="cuda:0", recv_device="cpu")
+    assert values_device(mixed, "cuda:0") == values_device(mixed, "cpu") == "cpu"
+    drawn, counted = synthetic_adapter(cpu), synthetic_adapter(cpu, device="meta")
+    assert [(k, t.shape, t.dtype) for k, t in drawn.unique.items()] == [
+        (k, t.shape, t.dtype) for k, t in counted.unique.items()
+    ]
+    assert all(t.is_meta for t in counted.unique.values()) and drawn.names == counted.names
+    assert torch.equal(next(iter(drawn.unique.values())), next(iter(synthetic_adapter(cpu).unique.values())))
+
+
+def test_two_processes_each_draw_the_same_values_and_every_name_arrives_bit_exact(tmp_path):
+    """The two-process path (the collective transport over gloo on this machine): each side draws its own values."""
+    out = tmp_path / "nccl.json"
+    args = _parser().parse_args(
+        ["bench", "sync", "--config", "tiny", "--rank", "4", "--transport", "nccl", "--device", "cpu"]
+        + ["--repeat", "1", "--warmup", "0", "--no-disk", "--json", str(out)]
+    )
+    assert args.func(args) == 0
+    got = json.loads(out.read_text())
+    assert all(got["paths"][p]["bit_exact"] for p in ("skyrl", "ours"))
+    assert got["adapter"]["unique_bytes"] > 0 and got["paths"]["ours"]["sent_bytes"] == got["adapter"]["unique_bytes"]
 
 
 def test_store_channel_carries_a_full_size_manifest():

@@ -115,8 +115,8 @@ def run_full_load_bench(layers: int, rounds: int, warmup: int, rank: int) -> dic
     from skyrl_glm.sync.vllm.engine import VllmEngineSampler
 
     family = registry().model("glm-5.3")
-    syn = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=layers, rank=rank))
-    unique = {k: v.to("cuda") for k, v in syn.unique.items()}
+    syn = synthetic_adapter(BenchOptions(model="glm-5.3", config="full", layers=layers, rank=rank), device="cuda")
+    unique = syn.unique
     adapter = {name: unique[key] for name, key in syn.names.items()}
     config = adapter_config(rank, 2 * rank, syn.targets)
     runs: dict[str, list[dict[str, float]]] = {"memory": [], "disk": []}

@@ -437,8 +437,8 @@ def _adapters(layers: list[int], rank: int, groups: int, expert_width: int | Non
     adapters = {}
     for k in sorted(layers):
         opts = BenchOptions(model="glm-5.3", config="full", layers=k, rank=rank, expert_groups=groups)
-        syn = synthetic_adapter(opts, expert_width)
-        unique = {key: v.to("cuda") for key, v in syn.unique.items()}
+        syn = synthetic_adapter(opts, expert_width, device="cuda")
+        unique = syn.unique
         unique_bytes = sum(t.numel() * t.element_size() for t in unique.values())
         adapters[k] = Adapter({name: unique[key] for name, key in syn.names.items()}, syn.targets, unique_bytes)
     return adapters

@@ -25,7 +25,7 @@ import torch
 from skyrl_glm.bench.procs import LocalChannel, StoreChannel, free_port
 from skyrl_glm.bench.report import PATH_LABELS, summarise
 from skyrl_glm.bench.sides import Receiver, Sender
-from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, synthetic_adapter
+from skyrl_glm.bench.synthetic import BenchOptions, Synthetic, synthetic_adapter, values_device
 from skyrl_glm.provenance import provenance
 from skyrl_glm.sync.transports import COLLECTIVE, HOST_LOCAL, needs_group, open_transport
 
@@ -170,7 +170,7 @@ def joined_pair(rank: int, opts: BenchOptions, port: int, minutes: int) -> Itera
 def _proc_main(rank: int, opts_d: dict[str, Any], port: int, out_path: str) -> None:
     opts = BenchOptions(**opts_d)
     with joined_pair(rank, opts, port, minutes=20) as (chan, transport):
-        syn = synthetic_adapter(opts)
+        syn = synthetic_adapter(opts, device=values_device(opts, opts.device if rank == 0 else opts.recv_device))
         if rank == 0:
             runs, disk = _sender_main(opts, syn, transport, chan, None)
             Path(out_path).write_text(json.dumps({"runs": runs, "disk": disk}))
@@ -206,8 +206,10 @@ def run_sync_bench(opts: BenchOptions) -> dict[str, Any]:
 
         bridge = BridgeModel(opts)
         syn = bridge.reference()
-    else:
-        syn = synthetic_adapter(opts)
+    else:  # one process draws the values for both sides; else each side draws its own, this one counts bytes
+        syn = synthetic_adapter(
+            opts, device=values_device(opts, opts.device) if opts.transport == HOST_LOCAL else "meta"
+        )
     if opts.transport == HOST_LOCAL:
         transport = open_transport(HOST_LOCAL)
         receiver = Receiver(opts, syn, transport)

@@ -128,8 +128,11 @@ class Synthetic:
     n_experts: int
 
 
-def synthetic_adapter(opts: BenchOptions, expert_width: int | None = None) -> Synthetic:
-    """The export of ``opts``'s model (its experts narrowed to ``expert_width``: :func:`model_config`)."""
+def synthetic_adapter(
+    opts: BenchOptions, expert_width: int | None = None, device: str | torch.device = "cpu"
+) -> Synthetic:
+    """The export of ``opts``'s model (its experts narrowed to ``expert_width``: :func:`model_config`), its values
+    drawn on ``device`` (``meta``: none drawn, for what counts shapes and bytes only)."""
     from skyrl_glm.lora.bridge import bridge_export_specs, synthetic_values
 
     family, cfg = model_config(opts.model, opts.config, opts.layers, expert_width)
@@ -142,9 +145,18 @@ def synthetic_adapter(opts: BenchOptions, expert_width: int | None = None) -> Sy
         share_expert_adapters=opts.share_experts,
         expert_groups=opts.expert_groups,
     )
-    unique = synthetic_values(specs, dtype=DTYPES[opts.dtype], seed=opts.seed)
+    unique = synthetic_values(specs, dtype=DTYPES[opts.dtype], seed=opts.seed, device=device)
     names = {PEFT_PREFIX + s.name: s.storage for s in specs}
     return Synthetic(names, unique, targets, int(getattr(cfg, "n_routed_experts", 0) or 0))
+
+
+def values_device(opts: BenchOptions, device: str) -> str:
+    """Where a benchmark process on ``device`` draws the synthetic values: there, when the sender's and the
+    receiver's devices are of one kind (both processes then draw the same values, which the receiver's bit-exact
+    check confirms), else on the host. A full-size adapter drawn on the host took most of a benchmark's wall time on
+    the GPU machine (measured 2026-12-04)."""
+    same = torch.device(opts.device).type == torch.device(opts.recv_device).type
+    return device if same else "cpu"
 
 
 def is_lora_b(key: str) -> bool:

@@ -157,12 +157,19 @@ def synthetic_bridge_export(
         yield s.name, made[s.storage].clone() if copies else made[s.storage]
 
 
-def synthetic_values(specs: Sequence[TensorSpec], *, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
-    """``{storage key: random value}`` for a layout, drawn in spec order from one seeded generator (so a stream
-    and a benchmark built from the same specs and seed hold the same values)."""
-    gen = torch.Generator().manual_seed(seed)
+def synthetic_values(
+    specs: Sequence[TensorSpec], *, dtype: torch.dtype, seed: int, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """``{storage key: random value}`` for a layout, drawn in spec order from one seeded generator on ``device`` (so
+    a stream and a benchmark built from the same specs, seed and kind of device hold the same values; a CPU and a
+    CUDA generator draw different ones). On ``meta`` nothing is drawn: shapes and dtypes only."""
+    device = torch.device(device)
+    gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
     made: dict[str, torch.Tensor] = {}
     for s in specs:
         if s.storage not in made:
-            made[s.storage] = (torch.randn(s.shape, generator=gen) * 0.02).to(dtype)
+            if gen is None:
+                made[s.storage] = torch.empty(s.shape, dtype=dtype, device=device)
+            else:
+                made[s.storage] = (torch.randn(s.shape, generator=gen, device=device) * 0.02).to(dtype)
     return made
