@@ -4,7 +4,8 @@ the LoRA parameters with no export, follows their values and their memory, check
 and learns nothing from an export that hands out copies.
 
 The export is a stand-in for Megatron-Bridge's (which needs Transformer Engine and a GPU): per expert name a view of
-the layer's one shared parameter, as Bridge hands out with ``share_expert_adapters``."""
+the layer's one shared parameter, as Bridge hands out with ``share_expert_adapters``, and the gate and up halves of
+one fused ``linear_fc1`` parameter (a recall hands out a whole parameter as itself, a part of one as a view)."""
 
 from __future__ import annotations
 
@@ -19,16 +20,20 @@ EXPERTS = 4
 
 def _params(seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(2, 6, generator=g), torch.randn(5, 2, generator=g), torch.randn(2, 5, generator=g)]
+    shapes = ((2, 6), (5, 2), (2, 5), (6, 2))
+    return [torch.randn(*shape, generator=g) for shape in shapes]
 
 
 def _export(params: list[torch.Tensor], copies: bool = False):
-    """Dense ``o_proj`` A and B, and every expert's ``down_proj`` A: one parameter, a view per name."""
-    a, b, down = params
+    """Dense ``o_proj`` A and B, every expert's ``down_proj`` A (one parameter, a view per name) and every expert's
+    ``gate_proj`` and ``up_proj`` B (the halves of one fused parameter)."""
+    a, b, down, fc1 = params
     yield "model.layers.0.self_attn.o_proj.lora_A.weight", a.clone() if copies else a
     yield "model.layers.0.self_attn.o_proj.lora_B.weight", b
     for e in range(EXPERTS):
         yield f"model.layers.1.mlp.experts.{e}.down_proj.lora_A.weight", down.view(down.shape)
+        yield f"model.layers.1.mlp.experts.{e}.gate_proj.lora_B.weight", fc1[:3]
+        yield f"model.layers.1.mlp.experts.{e}.up_proj.lora_B.weight", fc1[3:]
 
 
 def _sync(params, memo, copies: bool = False, exported: list | None = None):
@@ -51,7 +56,7 @@ def _same(a, b) -> bool:
 def test_a_learned_export_is_recalled_from_the_parameters_with_their_new_values():
     params, memo = _params(), ExportMemo(verify_every=4)
     first = _sync(params, memo)
-    assert memo.counts["learned"] == 1 and len(first.unique) == 3
+    assert memo.counts["learned"] == 1 and len(first.unique) == 5
     with torch.no_grad():
         for p in params:
             p.mul_(3.0).add_(1.0)  # a training step
@@ -91,14 +96,11 @@ def test_every_nth_sync_exports_whole_and_a_difference_drops_the_memo():
     for _ in range(3):
         _sync(params, memo, exported=runs)
     assert runs == [True] and memo.counts == {"learned": 2, "recalled": 2, "refused": 0, "dropped": 0}
-    # the exporter now hands out the dense A as a copy of other values: the memo would recall stale ones
-    a, b, down = params
 
+    # the exporter now hands out the dense A as a copy of other values: the memo would recall stale ones
     def changed():
-        yield "model.layers.0.self_attn.o_proj.lora_A.weight", a + 1.0
-        yield "model.layers.0.self_attn.o_proj.lora_B.weight", b
-        for e in range(EXPERTS):
-            yield f"model.layers.1.mlp.experts.{e}.down_proj.lora_A.weight", down.view(down.shape)
+        for name, t in _export(params):
+            yield name, t + 1.0 if name.endswith("o_proj.lora_A.weight") else t
 
     memo.recalls = memo.verify_every  # a full export is due
     unique_adapter(changed(), config_rank=2, num_moe_experts=EXPERTS, shared_storage=True, export_memo=memo,
@@ -110,8 +112,8 @@ def test_every_nth_sync_exports_whole_and_a_difference_drops_the_memo():
 def test_parameters_unlike_the_learned_ones_recall_nothing():
     params, memo = _params(), ExportMemo()
     _sync(params, memo)
-    assert memo.recall([params[0], params[1]]) is None  # one missing
-    assert memo.recall([params[0], params[1], params[2].to(torch.float64)]) is None  # another dtype
+    assert memo.recall(params[:3]) is None  # one missing
+    assert memo.recall([*params[:3], params[3].to(torch.float64)]) is None  # another dtype
     assert memo.recall(params) is not None
 
 
@@ -127,9 +129,10 @@ def test_parameters_that_did_not_move_hand_out_the_last_views_reading_the_values
     assert [id(t) for t in first.unique.values()] == [id(t) for t in second.unique.values()]
     assert first.unique is not second.unique  # the caller's dict is its own (the fold updates it)
     assert _same(second, _sync(params, None))
-    params[2].data = params[2].data.clone() - 1.0  # moved
+    assert sum(t is p for t in second.unique.values() for p in params) == 3  # the whole parameters, as they are
+    params[3].data = params[3].data.clone() - 1.0  # moved: the fused one, read in halves (views)
     third = _sync(params, memo)
-    assert _same(third, _sync(params, None)) and not _same(third, second)
+    assert _same(third, _sync(params, None)) and not _same(third, second)  # the old views read the old memory
 
 
 def _rank_one_expert_export(params: list[torch.Tensor]):
@@ -175,8 +178,8 @@ def test_forgotten_views_free_the_parameters_memory_and_are_made_again():
     params, memo = [torch.nn.Parameter(p, requires_grad=False) for p in _params()], ExportMemo()
     _sync(params, memo)
     _sync(params, memo)
-    old = params[2].data
-    params[2].data = old.clone()  # offloaded and back, elsewhere
+    old = params[3].data  # the fused one, read in halves: views of its memory
+    params[3].data = old.clone()  # offloaded and back, elsewhere
     memory = StorageWeakRef(old.untyped_storage())
     del old
     assert not memory.expired()  # the memo's views still hold it
