@@ -171,7 +171,8 @@ def fold_rank_scale(adapter: Mapping[str, torch.Tensor], *, config_rank: int) ->
     """SkyRL 0.4.0's ``fold_lora_rank_scale_for_vllm`` (each ``lora_B`` of a rank other than ``config_rank`` times
     ``config_rank / rank``, in float32 and cast back; the rest passed through as the same objects), bit for bit, with
     the multiplies of one ratio, dtype and device in one ``torch._foreach_mul``: SkyRL's loop takes three kernels per
-    tensor, and grouped experts rescale one ``lora_B`` per group and factor (9,600 at 64 groups and 75 layers)."""
+    tensor, and under Bridge's ``normalize_moe_lora`` grouped experts rescale one ``lora_B`` per group and factor
+    (9,600 at 64 groups and 75 layers)."""
     if config_rank <= 0:
         raise ValueError(f"config_rank must be positive, got {config_rank}")
     batches: dict[tuple[float, torch.dtype, torch.device], list[str]] = {}
