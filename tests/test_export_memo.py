@@ -194,3 +194,35 @@ def test_forgotten_views_free_the_parameters_memory_and_are_made_again():
     assert Worker().offload_to_cpu(offload_model=True) == {"offload_model": True}  # SkyRL's offload, after
     assert memo.views is None and memory.expired()  # nothing holds the old memory now
     assert _same(_sync(params, memo), _sync(params, None)) and memo.views is not None
+
+
+def test_what_the_memo_learned_and_recalls_carries_one_structure_token_the_plan_cache_keys_on():
+    """A recall's structure is the learned one: the plan's cache keys on the memo's token (no read of every sent
+    tensor's dtype and shape) and lays it out as a plan made afresh does; a full export that agrees keeps the token,
+    one of another structure gets a new one."""
+    from skyrl_glm.sync.plan import PlanCache, build_plan
+
+    params, memo, cache = _params(), ExportMemo(verify_every=2), PlanCache()
+    config = {"r": 2, "lora_alpha": 4.0}
+
+    def plan(dedup, version, cache=cache):
+        return build_plan(dedup, adapter_config=config, lora_name="a", version=version, cache=cache)
+
+    full = _sync(params, memo)
+    recalled = _sync(params, memo)
+    assert full.structure is not None and recalled.structure is full.structure
+    assert PlanCache.key_of(recalled, "{}", "a", 1) == (full.structure, "{}", "a", 1)  # no tensor read
+    plan(full, 1)
+    second = plan(recalled, 2)
+    fresh = plan(_sync(params, None), 2, cache=None)
+    assert cache.hits == 1 and _sync(params, None).structure is None  # no memo, no token
+    assert second.manifest.to_json() == fresh.manifest.to_json()
+    assert all(torch.equal(a, b) for a, b in zip(second.tensors, fresh.tensors, strict=True))
+    again = _sync(params, memo)  # the third sync runs the export whole: it agrees
+    assert memo.counts == {"learned": 2, "recalled": 1, "refused": 0, "dropped": 0}
+    assert again.structure is full.structure
+    narrower = [p.to(torch.float16) for p in params]  # another structure: the memo recalls nothing, learns anew
+    other = _sync(narrower, memo)
+    assert memo.counts["learned"] == 3 and other.structure not in (None, full.structure)
+    plan(other, 3)
+    assert cache.hits == 1  # the new token misses

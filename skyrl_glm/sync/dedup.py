@@ -49,7 +49,7 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -75,6 +75,9 @@ class Dedup:
     public_count: int
     public_bytes: int
     prefix: str = ""  # every name of ``grouped`` shows under ``prefix + name`` (added per rule, not per name)
+    # A token for a structure known unchanged (names, rules, each sent tensor's dtype and shape), which the export
+    # memo gives what it learned and recalls: the plan's cache then keys on it instead of reading every tensor.
+    structure: object | None = field(default=None, compare=False)
 
     @property
     def names(self) -> dict[str, list[str]]:

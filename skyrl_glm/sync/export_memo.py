@@ -144,16 +144,20 @@ class ExportMemo:
     def learn(self, dedup: Dedup, params: Sequence[torch.Tensor]) -> bool:
         """Remember a full export's deduplication (``dedup``, before any fold) as views of ``params``; first, if
         one was learned, check it would have recalled this export exactly (else it is dropped). Returns whether
-        the next sync can be recalled."""
+        the next sync can be recalled; if so ``dedup`` and every recall of it carry one structure token
+        (``Dedup.structure``), kept while full exports agree with what was learned."""
+        structure = None if self.last is None else self.last.structure
         if self.last is not None and not self._agrees(dedup, params):
             self.counts["dropped"] += 1
             log.warning("export memo dropped: a full export differs from what the memo recalls; learning again")
+            structure = None
         sources = _sources(dedup.unique, params)
         self.recalls, self.views = 0, None
         if sources is None:
             self.last, self.sources, self.kinds = None, [], []
             self.counts["refused"] += 1
             return False
+        dedup.structure = object() if structure is None else structure
         self.last = dataclasses.replace(dedup, unique=dict.fromkeys(dedup.unique))  # type: ignore[arg-type]
         self.sources, self.kinds = sources, self._kinds(params)
         self.counts["learned"] += 1

@@ -161,7 +161,10 @@ class PlanCache:
     Key (every part must be equal for a hit, else the layout is made anew and remembered): the sent names in order,
     each sent tensor's dtype and shape, the alias runs, the explicit aliases, the adapter config as folded (its
     JSON text: ``1`` and ``1.0`` differ), ``lora_name`` and ``bucket_bytes``. Per sent tensor and per alias rule,
-    never per public name; a renamed, added, dropped, reshaped or retyped tensor, or sharing that changed, misses."""
+    never per public name; a renamed, added, dropped, reshaped or retyped tensor, or sharing that changed, misses.
+    A deduplication whose structure is vouched for by a token (``Dedup.structure``: the export memo's, for what it
+    learned and recalls) is keyed by the token instead of its names, rules, dtypes and shapes (at ``grouped:64``
+    that reading took 4 ms at 20 layers on the 2-core CPU machine, measured 2026-12-04)."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
@@ -170,6 +173,8 @@ class PlanCache:
 
     @staticmethod
     def key_of(dedup: Dedup, config_json: str, lora_name: str, bucket_bytes: int) -> tuple:
+        if dedup.structure is not None:
+            return (dedup.structure, config_json, lora_name, bucket_bytes)
         tensors = dedup.unique.values()
         return (
             list(dedup.unique),
