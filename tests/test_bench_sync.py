@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
 def bench_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "sync.json"
     args = _parser().parse_args(
-        ["bench", "sync", "--config", "tiny", "--rank", "8", "--warmup", "0", "--json", str(out)]
+        ["bench", "sync", "--config", "tiny", "--rank", "8", "--warmup", "0", "--repeat", "2", "--json", str(out)]
     )
     assert args.func(args) == 0
     return json.loads(out.read_text())
@@ -70,6 +70,14 @@ def test_bridge_stream_exporter_times_the_export_on_every_path(copies, tmp_path)
         assert path["stages_s"]["export"] is not None and path["stages_s"]["export"] >= 0, p
         assert path["verified"]["bit_exact"] and path["verified"]["received_names"] == n, (p, path["verified"])
     assert got["paths"]["ours"]["sent_tensors"] == got["adapter"]["unique_tensors"]
+
+
+def test_ours_names_the_accepted_layout_by_digest_after_the_first_update(bench_report):
+    """As the publisher does: the receiver holds the layout after one update, so the manifest names it by digest."""
+    runs = bench_report["paths"]["ours"]["runs"]
+    assert len(runs) > 1 and [r["manifest_by_digest"] for r in runs] == [False] + [True] * (len(runs) - 1)
+    assert runs[-1]["manifest_bytes"] < runs[0]["manifest_bytes"]
+    assert not any(r["manifest_by_digest"] for r in bench_report["paths"]["skyrl"]["runs"])
 
 
 def test_every_path_rebuilt_every_public_name_bit_exactly(bench_report):

@@ -8,7 +8,8 @@ registered model's full or tiny config, then moved three ways:
   stream with ``dedupe_shared_expert_adapters``, then ``fold_lora_alpha_for_vllm`` over what is sent), the sent
   tensors over the same packed transport as ours (SkyRL hands them to vLLM's transfer engine, which this benchmark
   does not have), ``expand_lora_aliases`` on the receiver. No checksums, no verification.
-* ``ours``: :func:`~skyrl_glm.sync.plan.build_plan` + a transport + :class:`~skyrl_glm.sync.receiver.AdapterReceiver`.
+* ``ours``: :func:`~skyrl_glm.sync.plan.build_plan` + a transport + :class:`~skyrl_glm.sync.receiver.AdapterReceiver`;
+  after the first update the manifest names the accepted layout by its digest, as the publisher does.
 * ``disk``: SkyRL's file path: fold over the public dict, ``safetensors`` save of every public name, load back onto
   the receiver's device.
 

@@ -42,6 +42,7 @@ def _sender_round(sender: Sender, chan: Any, path: str, version: int, *, in_proc
         chan.put(f"{path}/{version}/handle", handle_json)
         info["timings"]["stream_s"] = sender.stream()
         answer = json.loads(chan.get(f"{path}/{version}/answer"))
+    sender.accepted(path)
     sender.release()
     return _combine(path, info, answer)
 

@@ -94,6 +94,9 @@ class Sender:
         self.export_memo = ExportMemo()  # ours, across the rounds: the export read from the live adapter after one
         self.split_per_expert = {n for n in syn.names if VIEW_PER_EXPERT.search(n)}
         self.plan_cache = PlanCache()  # ours, across the rounds: the plan's layout of an unchanged structure
+        # ours, as the publisher does: the layout the receiver accepted, named by its digest from then on (not over a
+        # collective transport, whose stream a refusal could not read again)
+        self.accepted_layout: str | None = None
 
     def params(self) -> list[torch.Tensor]:
         """The live adapter's tensors (the model's LoRA parameters): what the export hands out views of."""
@@ -220,9 +223,16 @@ class Sender:
         }
         if path == "ours" and self.public is None:
             info["export_memo"] = dict(self.export_memo.counts)
-        manifest_json = plan.manifest.to_json()
-        info["manifest_bytes"] = len(manifest_json)
+        digest = plan.manifest.layout_digest
+        by_digest = path == "ours" and not self.transport.needs_group and digest == self.accepted_layout
+        manifest_json = plan.manifest.to_json(layout=not by_digest)
+        info["manifest_bytes"], info["manifest_by_digest"] = len(manifest_json), by_digest
         return manifest_json, json.dumps(handle), {"timings": timings, **info}
+
+    def accepted(self, path: str) -> None:
+        """The receiver took this round's update (a refusal raises there): ours names its layout by digest next."""
+        if path == "ours":
+            self.accepted_layout = self.plan.manifest.layout_digest
 
     def stream(self) -> float:
         t0 = time.perf_counter()
