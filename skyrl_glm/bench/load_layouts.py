@@ -339,10 +339,13 @@ def _updates(
     warmup: int,
     version: int,
     profile: Path | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+    layout: str = "",
 ) -> tuple[dict[str, dict[int, list[dict[str, float]]]], list[dict[str, Any]], int]:
     """Per slot-write path and layer count: every timed update's stages (each path's first ``warmup`` dropped); the
     replay's report after each replayed update; ``version``: the last one used. ``profile``: where the worker writes
-    its profile of all of them (:meth:`SlotReport.skyrl_glm_bench_profile`)."""
+    its profile of all of them (:meth:`SlotReport.skyrl_glm_bench_profile`). ``progress`` gets a line per update,
+    named by ``layout`` (a run stopped at a budget then shows how far its updates got and what each took)."""
     from skyrl_glm.bench.full_width import publish_to_first_request
     from skyrl_glm.lora.bridge import adapter_config
     from skyrl_glm.sync.publisher import InMemoryPublisher
@@ -366,6 +369,10 @@ def _updates(
                     version += 1
                     served = publish_to_first_request(
                         sampler, publisher, adapter.tensors, config, version, switch_clock=switch_clock
+                    )
+                    progress(
+                        f"{layout}: update {i + 1} of {warmup + rounds} at {layers} MoE layers, {path} writes: "
+                        f"{served.first_s * 1e3:.1f} ms to the first request"
                     )
                     if path == "replay":
                         report = sampler.llm.collective_rpc(
@@ -538,9 +545,12 @@ def run_layout_bench(
                     continue
                 slots = sampler.llm.collective_rpc("skyrl_glm_bench_lora_slots")[0]
                 results[layout]["rpc_round_trip_s"] = rpc_round_trip(sampler)
-                progress(f"{layout}: {warmup + rounds} updates at each of {len(adapters)} layer count(s) ...")
+                counts = f"{len(adapters)} layer count(s)"
+                progress(f"{layout}: {warmup + rounds} updates per slot-write path at each of {counts} ...")
                 profile = None if profile_dir is None else profile_dir / f"{layout.replace(':', '_')}.prof"
-                by_path, replay_checks, version = _updates(sampler, adapters, rank, rounds, warmup, version, profile)
+                by_path, replay_checks, version = _updates(
+                    sampler, adapters, rank, rounds, warmup, version, profile, progress, layout
+                )
                 if profile is not None:
                     results[layout]["profile"] = str(profile)
                 progress(f"{layout}: updates timed")
