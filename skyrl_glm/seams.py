@@ -171,6 +171,14 @@ SEAMS: tuple[Seam, ...] = (
         "one fused multi-tensor copy packs every unique tensor into the bucket (one launch, not one per tensor)",
     ),
     Seam(
+        "torch",
+        "_foreach_mul",
+        "attribute",
+        TORCH,
+        "skyrl_glm/skyrl/workers/megatron.py",
+        "SkyRL's rank-scale fold as one multi-tensor multiply per ratio (one launch, not three per lora_B)",
+    ),
+    Seam(
         "torch:UntypedStorage",
         "_share_cuda_",
         "attribute",
