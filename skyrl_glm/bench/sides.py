@@ -18,6 +18,7 @@ from skyrl_glm.lora.bridge import PEFT_PREFIX, VIEW_PER_EXPERT, adapter_config
 from skyrl_glm.sync.dedup import DedupMemo
 from skyrl_glm.sync.export_memo import ExportMemo
 from skyrl_glm.sync.plan import PlanCache, synchronize
+from skyrl_glm.sync.publisher import manifest_text
 
 TIMED_PAIRS = 16  # exporter pairs timed at once
 
@@ -94,8 +95,8 @@ class Sender:
         self.export_memo = ExportMemo()  # ours, across the rounds: the export read from the live adapter after one
         self.split_per_expert = {n for n in syn.names if VIEW_PER_EXPERT.search(n)}
         self.plan_cache = PlanCache()  # ours, across the rounds: the plan's layout of an unchanged structure
-        # ours, as the publisher does: the layout the receiver accepted, named by its digest from then on (not over a
-        # collective transport, whose stream a refusal could not read again)
+        # ours, as the publisher does: the layout the receiver accepted, named by its digest from then on
+        # (publisher.manifest_text)
         self.accepted_layout: str | None = None
 
     def params(self) -> list[torch.Tensor]:
@@ -223,9 +224,8 @@ class Sender:
         }
         if path == "ours" and self.public is None:
             info["export_memo"] = dict(self.export_memo.counts)
-        digest = plan.manifest.layout_digest
-        by_digest = path == "ours" and not self.transport.needs_group and digest == self.accepted_layout
-        manifest_json = plan.manifest.to_json(layout=not by_digest)
+        accepted = self.accepted_layout if path == "ours" else None
+        manifest_json, by_digest = manifest_text(plan.manifest, accepted, self.transport)
         info["manifest_bytes"], info["manifest_by_digest"] = len(manifest_json), by_digest
         return manifest_json, json.dumps(handle), {"timings": timings, **info}
 

@@ -43,10 +43,6 @@ _stride, _device = torch.Tensor.stride, torch.Tensor.get_device
 _address = torch.Tensor.data_ptr
 
 
-def _kind(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return tuple(t.shape), tuple(t.stride())
-
-
 @dataclass(frozen=True)
 class _Source:
     """Where a unique tensor lies: ``param``'s position, the view's offset from the parameter's first element;
@@ -79,8 +75,9 @@ def _sources(unique: dict[str, torch.Tensor], params: Sequence[torch.Tensor]) ->
         if k < 0 or not (first < spans[k][1] and last < spans[k][1]) or params[spans[k][2]].dtype != t.dtype:
             return None
         start, _, owner = spans[k]
-        shape, strides, p = tuple(t.shape), tuple(t.stride()), params[owner]
-        out.append(_Source(owner, first - start, shape, strides, first == start and (shape, strides) == _kind(p)))
+        shape, strides, p = tuple(t.shape), t.stride(), params[owner]
+        whole = first == start and shape == tuple(p.shape) and strides == p.stride()
+        out.append(_Source(owner, first - start, shape, strides, whole))
     return out
 
 

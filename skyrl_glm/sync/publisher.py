@@ -24,10 +24,18 @@ from typing import Any
 from safetensors.torch import save_file
 
 from skyrl_glm.sync.dedup import DedupMemo
-from skyrl_glm.sync.manifest import UNKNOWN_LAYOUT
+from skyrl_glm.sync.manifest import UNKNOWN_LAYOUT, Manifest
 from skyrl_glm.sync.plan import DEFAULT_BUCKET_BYTES, PlanCache, SyncPlan, build_plan, jsonable_config
 from skyrl_glm.sync.transports.base import Transport
 from skyrl_glm.sync.update import Adapter, AsyncSampler, Sampler, UpdateResult
+
+
+def manifest_text(manifest: Manifest, accepted_layout: str | None, transport: Transport) -> tuple[str, bool]:
+    """The manifest's text, and whether it names its layout by digest: when the sampler accepted this layout last
+    (``accepted_layout``), over a transport whose bytes a second attempt can read again (not a collective one: its
+    stream happens once)."""
+    by_digest = not transport.needs_group and manifest.layout_digest == accepted_layout
+    return manifest.to_json(layout=not by_digest), by_digest
 
 
 class InMemoryPublisher:
@@ -90,11 +98,7 @@ class InMemoryPublisher:
         return result
 
     def _manifest(self, plan: SyncPlan) -> tuple[str, bool]:
-        """The manifest's text, and whether it names its layout by digest: when the sampler accepted this layout
-        last, over a transport whose bytes a second attempt can read again (not a collective one: its stream
-        happens once)."""
-        by_digest = not self.transport.needs_group and plan.manifest.layout_digest == self.accepted_layout
-        return plan.manifest.to_json(layout=not by_digest), by_digest
+        return manifest_text(plan.manifest, self.accepted_layout, self.transport)
 
     def _accepted(self, plan: SyncPlan, result: UpdateResult) -> UpdateResult:
         self.accepted_layout = plan.manifest.layout_digest if result.ok else None
