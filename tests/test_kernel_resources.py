@@ -39,3 +39,17 @@ def test_each_kernel_is_compiled_and_its_registers_read(tmp_path: Path) -> None:
 def test_bad_options_are_one_line(args: list[str], message: str) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("x = (\n", "cannot be loaded (SyntaxError"), ("y = 1\n", "has no checksum kernel")],
+    ids=["broken", "no-kernel"],
+)
+def test_a_source_that_is_not_a_kernel_module_is_one_line(text: str, message: str, tmp_path: Path) -> None:
+    source = tmp_path / "other.py"
+    source.write_text(text)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--source", f"checksum={source}"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
