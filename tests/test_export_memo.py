@@ -226,3 +226,37 @@ def test_what_the_memo_learned_and_recalls_carries_one_structure_token_the_plan_
     assert memo.counts["learned"] == 3 and other.structure not in (None, full.structure)
     plan(other, 3)
     assert cache.hits == 1  # the new token misses
+
+
+def test_a_recall_of_contiguous_tensors_carries_their_addresses_and_reads_no_kinds_where_nothing_moved(monkeypatch):
+    """Each unique tensor's data address (``Dedup.addresses``, for the pack's copy table) comes from its parameter's:
+    equal to the tensor's own, following a parameter that moved. Where no parameter moved, the parameters' shapes,
+    strides and dtypes are not read again; where one did, they are (and a dtype changed there recalls nothing). An
+    export with a strided part gives no addresses."""
+    params, memo = [torch.nn.Parameter(p, requires_grad=False) for p in _params()], ExportMemo()
+    assert _sync(params, memo).addresses is None  # a full export: nothing vouched
+
+    def addresses_hold(dedup) -> bool:
+        return dedup.addresses.tolist() == [t.data_ptr() for t in dedup.unique.values()]
+
+    read: list = []
+    kinds = ExportMemo._kinds
+    monkeypatch.setattr(ExportMemo, "_kinds", staticmethod(lambda ps: read.append(1) or kinds(ps)))
+    first = _sync(params, memo)
+    assert addresses_hold(first) and len(read) == 1
+    assert addresses_hold(_sync(params, memo)) and len(read) == 1  # nothing moved: no kinds read
+    params[3].data = params[3].data.clone()  # the fused one moved: its halves' addresses with it
+    moved = _sync(params, memo)
+    assert addresses_hold(moved) and len(read) == 2 and moved.addresses.tolist() != first.addresses.tolist()
+    params[0].data = params[0].data.double()  # moved and of another dtype
+    assert memo.recall(params) is None and len(read) == 3
+
+    strided, memo = _params(), ExportMemo()
+
+    def export():
+        yield "model.layers.0.self_attn.o_proj.lora_A.weight", strided[3].t()  # (2, 6): a view, not contiguous
+        yield "model.layers.0.self_attn.o_proj.lora_B.weight", strided[1]
+
+    unique_adapter(export(), config_rank=2, num_moe_experts=EXPERTS, export_memo=memo, params=strided)
+    recalled = memo.recall(strided)
+    assert recalled is not None and recalled.addresses is None

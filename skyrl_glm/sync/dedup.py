@@ -78,6 +78,9 @@ class Dedup:
     # A token for a structure known unchanged (names, rules, each sent tensor's dtype and shape), which the export
     # memo gives what it learned and recalls: the plan's cache then keys on it instead of reading every tensor.
     structure: object | None = field(default=None, compare=False)
+    # Each sent tensor's data address (``unique``'s order), where the export memo vouches that every one is
+    # contiguous and lies there: the pack's copy table reads it instead of asking each tensor.
+    addresses: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def names(self) -> dict[str, list[str]]:
