@@ -131,7 +131,7 @@ class Sender:
         )
         from skyrl.backends.skyrl_train.weight_sync.lora_target import dedupe_shared_expert_adapters
 
-        from skyrl_glm.sync.manifest import Manifest, views
+        from skyrl_glm.sync.manifest import Manifest
         from skyrl_glm.sync.plan import SyncPlan, layout, pack_into
 
         # What SkyRL's Megatron worker passes: one adapter per EP rank's experts (EP = the groups here) when shared.
@@ -162,7 +162,7 @@ class Sender:
             bucket_bytes=self.opts.bucket_mb << 20,
             checksums="",  # SkyRL sends none
         )
-        plan = SyncPlan(manifest, views(buffer, entries), self.public_count, self.public_bytes, {}, buffer)
+        plan = SyncPlan(manifest, self.public_count, self.public_bytes, {}, buffer)
         return plan, {**_export_split(export, t1 - t0), "fold_s": t2 - t1, "pack_s": t3 - t2}
 
     def _plan_ours(self, version: int) -> tuple[Any, dict[str, float]]:

@@ -14,6 +14,7 @@ engine, which swaps it in atomically. A rejected update leaves the previous adap
     aliases.py       AliasRun rules (expert-index ranges) for the alias map; NameIndex checks them without expanding
     checksum.py      checksums + NaN/inf per tensor, dedup's fingerprints (one Triton kernel on CUDA, numpy elsewhere)
     compare.py       byte equality of many tensor pairs in one launch (the sender's dedup proofs)
+    copy_table.py    many byte copies in one launch through a table of addresses (the sender's pack on a GPU)
     nogc.py          the cyclic GC paused around one planning or receiving step
     update.py        UpdateResult, the Sampler and AsyncSampler protocols: what a publisher drives, engine-free
     transports/      the Transport contract and the named transports (shm, nccl, cuda_ipc)

@@ -8,11 +8,11 @@ Input is the adapter as a stream of ``(public name, tensor)`` pairs: a PEFT stat
 * **Alias runs.** The dedup gives each sent tensor's public names as :class:`~skyrl_glm.sync.aliases.AliasRun`
   rules (expert-index ranges) plus a few explicit aliases: a ~0.3 MB manifest instead of a 17 MB map.
 * **Pack, fold, checksum on the packed stream.** The unique tensors are copied once into the stream buffer (the
-  transport's staging memory where it has one), ``lora_B`` last so the B tensors of one dtype form one region;
-  the alpha fold scales that region in place in one pass (SkyRL 0.4's ``fold_lora_alpha_for_vllm`` arithmetic,
-  float32 multiply and one rounding, once per sent tensor however many names alias it);
-  :func:`~skyrl_glm.sync.checksum.span_checks` checksums every tensor in one pass. Transports send the buffer as
-  it is.
+  transport's staging memory where it has one; on a GPU in one launch, :mod:`~skyrl_glm.sync.copy_table`),
+  ``lora_B`` last so the B tensors of one dtype form one region; the alpha fold scales that region in place in one
+  pass (SkyRL 0.4's ``fold_lora_alpha_for_vllm`` arithmetic, float32 multiply and one rounding, once per sent
+  tensor however many names alias it); :func:`~skyrl_glm.sync.checksum.span_checks` checksums every tensor in one
+  pass. Transports send the buffer as it is.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+import numpy as np
 import torch
 from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
     LORA_B_SUFFIX,
@@ -30,11 +32,15 @@ from skyrl.backends.skyrl_train.distributed.megatron.lora_export import (
 )
 
 from skyrl_glm.sync.checksum import span_checks
+from skyrl_glm.sync.copy_table import CopyTable
 from skyrl_glm.sync.dedup import Dedup, DedupMemo, deduplicate, dtype_of, shape_of
 from skyrl_glm.sync.manifest import CHECKSUM_CHARS, DTYPES, Manifest, TensorEntry, dtype_name, pack_entries, views
 from skyrl_glm.sync.nogc import paused_gc
 
 DEFAULT_BUCKET_BYTES = 512 << 20
+# Devices whose packs run through the copy table (a Triton kernel: CUDA; Triton's interpreter also runs it on host
+# memory, which the CPU tests of the table path add here).
+TABLE_DEVICES = {"cuda"}
 
 Staging = Callable[[int, torch.device], torch.Tensor]
 
@@ -86,14 +92,19 @@ def pack_into(buffer: torch.Tensor, entries: Sequence[TensorEntry], tensors: Seq
 
 @dataclass
 class SyncPlan:
-    """What the sender transmits: the manifest and the packed, alpha-folded stream (``tensors`` are views of it)."""
+    """What the sender transmits: the manifest and the packed, alpha-folded stream (``tensors``: views of it, made
+    when first asked for; the transports send the buffer)."""
 
     manifest: Manifest
-    tensors: list[torch.Tensor]
     public_count: int
     public_bytes: int
     timings: dict[str, float]
     buffer: torch.Tensor
+
+    @cached_property
+    def tensors(self) -> list[torch.Tensor]:
+        """Each sent tensor as a view of the stream, in the manifest's order."""
+        return views(self.buffer, self.manifest.tensors)
 
     def buckets(self) -> Iterator[tuple[int, torch.Tensor]]:
         """``(stream offset, uint8 slice of the stream)`` per bucket of the manifest."""
@@ -137,20 +148,28 @@ class _Layout:
     total: int
     regions: list[tuple[str, int, int]]
     manifest: Manifest  # its spans: what the checksums read
-    _views: tuple[Any, list[torch.Tensor], list[list[torch.Tensor]]] | None = field(default=None, repr=False)
+    _views: tuple[Any, list[list[torch.Tensor]]] | None = field(default=None, repr=False)
+    copies: CopyTable = field(default_factory=CopyTable, repr=False)  # the pack's table on the GPU (see _pack)
 
-    def views_of(self, buffer: torch.Tensor, keep: bool) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
-        """Each entry's typed view of ``buffer`` and, per dtype, the views its fused copy writes. ``keep``: the
-        buffer is the transport's own staging memory, the same every update (``Transport.keeps_staging``): its
-        views are kept and reused while it is, not made again (one ``as_strided`` per sent tensor: 2,514 at full
-        GLM-5.3 in ``grouped:4``); they hold that memory, which the transport keeps anyway."""
+    @cached_property
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The packing order, each entry's stream offset and its bytes, as arrays (the copy table's columns)."""
+        offsets = np.fromiter((e.offset for e in self.entries), np.int64, len(self.entries))
+        nbytes = np.fromiter((e.nbytes for e in self.entries), np.int64, len(self.entries))
+        return np.asarray(self.order, dtype=np.int64), offsets, nbytes
+
+    def views_of(self, buffer: torch.Tensor, keep: bool) -> list[list[torch.Tensor]]:
+        """Per dtype, the typed views of ``buffer`` its fused copy writes. ``keep``: the buffer is the transport's
+        own staging memory, the same every update (``Transport.keeps_staging``): its views are kept and reused while
+        it is, not made again (one ``as_strided`` per sent tensor: 2,514 at full GLM-5.3 in ``grouped:4``); they hold
+        that memory, which the transport keeps anyway."""
         where = (buffer.untyped_storage().data_ptr(), buffer.storage_offset(), buffer.numel(), buffer.device)
         if self._views is not None and self._views[0] == where:
-            return self._views[1], self._views[2]
+            return self._views[1]
         packed = views(buffer, self.entries)
-        made = (where, packed, [[packed[i] for i in group] for group in self.by_dtype])
+        made = (where, [[packed[i] for i in group] for group in self.by_dtype])
         self._views = made if keep else None
-        return made[1], made[2]
+        return made[1]
 
 
 class PlanCache:
@@ -234,6 +253,31 @@ def _new_layout(dedup: Dedup, config: dict[str, Any], lora_name: str, bucket_byt
     return _Layout(order, list(by_dtype.values()), entries, total, _b_regions(entries), manifest)
 
 
+def _pack(laid: _Layout, dedup: Dedup, work: torch.Tensor, keep: bool) -> None:
+    """Copy the sent tensors into their places in ``work``: on a GPU, where every one is contiguous and on
+    ``work``'s device, through the layout's copy table in one launch (the addresses vouched for by the export
+    memo, ``Dedup.addresses``, or read here); else one fused copy per dtype into typed views of ``work``."""
+    tensors = list(dedup.unique.values())
+    order, offsets, nbytes = laid.columns
+    if work.device.type in TABLE_DEVICES and tensors:
+        addresses = dedup.addresses
+        if (
+            addresses is None
+            and all(t.device == work.device for t in tensors)
+            and all(map(torch.Tensor.is_contiguous, tensors))
+        ):
+            addresses = np.fromiter(map(torch.Tensor.data_ptr, tensors), np.int64, len(tensors))
+        if addresses is not None and tensors[0].device == work.device:
+            laid.copies.run(work.device, addresses[order], offsets + work.data_ptr(), nbytes)
+            return
+    # Typed views of the buffer, each its tensor's shape and dtype (the layout's key holds both): one fused copy per
+    # dtype into them (a fused kernel takes one dtype).
+    targets = laid.views_of(work, keep=keep)
+    ordered = [tensors[i] for i in laid.order]
+    for group, dst in zip(laid.by_dtype, targets, strict=True):
+        torch._foreach_copy_(dst, [ordered[i] for i in group])
+
+
 def build_plan(
     adapter: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | Dedup,
     *,
@@ -293,13 +337,7 @@ def _build_plan(
     work = buffer
     if alpha != r and device.type == "cuda" and buffer.device != device:
         work = torch.empty(laid.total, dtype=torch.uint8, device=device)
-    tensors = list(dedup.unique.values())
-    # Typed views of the buffer, each its tensor's shape and dtype (the layout's key holds both): one fused copy per
-    # dtype into them (a fused kernel takes one dtype), and the buffer's are the plan's tensors.
-    packed, targets = laid.views_of(work, keep=keep_views and work is buffer)
-    ordered = [tensors[i] for i in laid.order]
-    for group, dst in zip(laid.by_dtype, targets, strict=True):
-        torch._foreach_copy_(dst, [ordered[i] for i in group])
+    _pack(laid, dedup, work, keep_views and work is buffer)
     synchronize(work.device)
     t3 = time.perf_counter()
     if alpha != r:
@@ -308,9 +346,7 @@ def _build_plan(
     t4 = time.perf_counter()
     if work is not buffer:
         buffer.copy_(work)
-        packed = views(buffer, laid.entries)
         del work
-    packed = list(packed)  # the plan's own list: the layout keeps its views
     t5 = time.perf_counter()
     sums, _ = span_checks(buffer, laid.manifest.spans, finite=False)
     t6 = time.perf_counter()
@@ -322,4 +358,4 @@ def _build_plan(
         "checksum_s": t6 - t5,
         "manifest_s": t2 - t1 + time.perf_counter() - t6,
     }
-    return SyncPlan(manifest, packed, dedup.public_count, dedup.public_bytes, timings, buffer)
+    return SyncPlan(manifest, dedup.public_count, dedup.public_bytes, timings, buffer)
