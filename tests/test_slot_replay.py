@@ -16,7 +16,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from skyrl_glm.sync.vllm.slot_replay import NotReplayable, Recording, _Recorder, dense, slot_tensors
+from skyrl_glm.sync.vllm.slot_replay import (
+    NotReplayable,
+    Recording,
+    SlotReplay,
+    _held,
+    _Recorder,
+    dense,
+    same_bytes,
+    slot_tensors,
+)
 
 
 def _record(index: int, factors: list[torch.Tensor], writes, slots: torch.Tensor, **more: torch.Tensor) -> Recording:
@@ -127,6 +136,26 @@ def test_writes_a_batched_replay_could_not_repeat_are_refused(writes, why):
     slots, a, other = torch.zeros(2, 2, 6), torch.randn(2, 4), torch.zeros(2, 4)
     with pytest.raises(NotReplayable, match=why):
         _record(0, [a], lambda: writes(slots, a, other), slots)
+
+
+def test_the_check_holds_the_blocks_in_one_kept_host_buffer_and_compares_them_a_piece_at_a_time():
+    """``matches_vllm``'s two halves: the blocks' bytes held in host memory the replay state keeps from one check to
+    the next, and compared with the rewritten blocks in pieces smaller than a block, a byte off anywhere caught."""
+    g = torch.Generator().manual_seed(0)
+    blocks = [torch.randn(100, generator=g).to(torch.bfloat16), torch.randn(37, generator=g)]
+    replay = SlotReplay()
+    held = _held(replay, blocks)
+    memory = replay.held
+    assert same_bytes(held, blocks, piece=64) and same_bytes(held, blocks)
+    assert _held(replay, blocks[:1])[0].data_ptr() == memory.data_ptr() and replay.held is memory
+    held = _held(replay, blocks)
+    for block, at in ((0, 0), (0, 199), (1, 147)):  # first byte, last byte of a block, a byte in a later piece
+        raw = blocks[block].view(torch.uint8)
+        raw[at] ^= 1
+        assert not same_bytes(held, blocks, piece=64), (block, at)
+        raw[at] ^= 1
+    assert same_bytes(held, blocks, piece=64)
+    assert not same_bytes(held, [blocks[0], blocks[1][:36]])  # a block of another size
 
 
 def test_on_vllm_the_replay_matches_its_own_writes_and_the_check_catches_a_broken_one():

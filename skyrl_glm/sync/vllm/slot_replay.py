@@ -324,6 +324,7 @@ class SlotReplay:
     enabled: bool = True
     recordings: dict[tuple[Any, ...], Recording | None] = field(default_factory=dict)
     slots: dict[int, Slot] | None = None
+    held: torch.Tensor | None = None  # the host copy :func:`matches_vllm` compares with, kept between checks
     counts: dict[str, int] = field(default_factory=lambda: {"recorded": 0, "replayed": 0, "refused": 0, "vllm": 0})
 
 
@@ -420,16 +421,53 @@ def matches_vllm(manager: Any, lora_id: int) -> bool:
     """Whether the slots of active adapter ``lora_id`` hold exactly what vLLM's own loop writes for it: its slot
     blocks are read, the adapter deactivated and activated again with the replay off (vLLM writes it, at the first
     free index), and the two read back compared bit for bit. For benchmarks and tests: the adapter is rewritten. The
-    blocks read first are copied to host memory (a per-expert slot block of 75 narrowed GLM-5.3 layers is ~15 GB, more
-    than an engine at 0.82 of one H200 leaves free)."""
+    blocks read first wait in host memory (a per-expert slot block of 75 narrowed GLM-5.3 layers is ~15 GB, more
+    than an engine at 0.82 of one H200 leaves free), page-locked off a GPU and kept for the next check; the
+    comparison brings them back a piece at a time (:func:`same_bytes`)."""
     replay = state(manager)
     slots = _slots(manager, replay)
-    before = [b.to("cpu", copy=True) for b in _blocks(slots, manager.lora_index_to_id.index(lora_id))]
+    blocks = _blocks(slots, manager.lora_index_to_id.index(lora_id))
+    before = _held(replay, blocks)
     manager.deactivate_adapter(lora_id)
     enabled, replay.enabled = replay.enabled, False
     try:
         manager.activate_adapter(lora_id)
     finally:
         replay.enabled = enabled
-    after = _blocks(slots, manager.lora_index_to_id.index(lora_id))
-    return all(torch.equal(a, b.to("cpu")) for a, b in zip(before, after, strict=True))
+    return same_bytes(before, _blocks(slots, manager.lora_index_to_id.index(lora_id)))
+
+
+def _held(replay: SlotReplay, blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A host copy of each block's bytes, in one buffer the replay state keeps (page-locked for a GPU's blocks:
+    a copy at the bus's speed, and the same memory every check instead of fresh pages each time)."""
+    nbytes = [b.numel() * b.element_size() for b in blocks]
+    pinned = bool(blocks) and blocks[0].is_cuda
+    if replay.held is None or replay.held.numel() < sum(nbytes):
+        replay.held = None  # the old buffer goes before the new one is asked for
+        replay.held = torch.empty(sum(nbytes), dtype=torch.uint8, pin_memory=pinned)
+    out, at = [], 0
+    for block, n in zip(blocks, nbytes, strict=True):
+        out.append(replay.held[at : at + n])
+        out[-1].copy_(block.view(torch.uint8), non_blocking=pinned)
+        at += n
+    if pinned:
+        torch.cuda.synchronize(blocks[0].device)
+    return out
+
+
+def same_bytes(held: list[torch.Tensor], blocks: list[torch.Tensor], piece: int = 256 << 20) -> bool:
+    """Whether each of ``held`` (host ``uint8``) holds ``blocks``' bytes, compared on the blocks' device ``piece``
+    bytes at a time (one scratch buffer there, not a second copy of every block)."""
+    if not blocks:
+        return not held
+    got = [b.view(torch.uint8) for b in blocks]
+    scratch = torch.empty(min(piece, max(g.numel() for g in got)), dtype=torch.uint8, device=got[0].device)
+    for want, have in zip(held, got, strict=True):
+        if want.numel() != have.numel():
+            return False
+        for lo in range(0, have.numel(), piece):
+            here = scratch[: min(piece, have.numel() - lo)]
+            here.copy_(want[lo : lo + piece], non_blocking=True)
+            if not torch.equal(here, have[lo : lo + piece]):
+                return False
+    return True
