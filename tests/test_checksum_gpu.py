@@ -114,3 +114,29 @@ def test_a_gpu_adapter_staged_in_host_memory_is_folded_on_its_gpu_and_arrives_as
     )
     assert on_gpu.buffer.device.type == "cpu" and torch.equal(on_gpu.buffer, on_cpu.buffer)
     assert on_gpu.manifest == on_cpu.manifest
+
+
+@pytest.mark.parametrize("groups", [2, None], ids=["grouped", "per-expert"])
+def test_a_plan_packed_through_the_copy_table_equals_the_fused_copies(groups):
+    """On a GPU the pack runs through the copy table; the same plan with the host's fused per-dtype copies (the
+    stream moved back) gives the same stream bit for bit, fresh and with a kept layout and staging buffer."""
+    from test_sync_caches import export, plan
+
+    from skyrl_glm.sync.plan import PlanCache
+
+    kept: list[torch.Tensor] = []
+
+    def staging(nbytes, device):
+        if not kept:
+            kept.append(torch.zeros(nbytes, dtype=torch.uint8, device=device))
+        return kept[0]
+
+    cache = PlanCache()
+    for version, seed in ((1, 0), (2, 1), (3, 2)):
+        tensors = export(seed, groups, dtype=torch.bfloat16)
+        want = plan(tensors, version, None, lora_name="g")
+        on_gpu = {id(v): v.cuda() for v in tensors.values()}  # each storage moved once: names that share it still do
+        got = plan({k: on_gpu[id(v)] for k, v in tensors.items()}, version, cache, lora_name="g", staging=staging)
+        assert got.manifest.to_json() == want.manifest.to_json()
+        assert torch.equal(got.buffer.cpu(), want.buffer)
+    assert cache.hits == 2 and cache.layout.copies.host is not None  # the kept layout's table ran
