@@ -166,6 +166,9 @@ def test_a_recalled_sync_rescales_what_the_full_export_rescaled_and_nothing_else
     recalled = sync(memo)
     assert memo.counts["recalled"] == 1 and _same(recalled, sync(None))
     assert recalled.unique[eb].data_ptr() != params[3].data_ptr()  # rescaled: a new tensor, never the parameter
+    assert recalled.addresses is None  # the memo's addresses are the parameters': the pack reads the tensors' own
+    again = sync(memo)
+    assert again.addresses is None and memo.views[2] is not None  # the memo's own array is kept as it was
 
 
 def test_forgotten_views_free_the_parameters_memory_and_are_made_again():

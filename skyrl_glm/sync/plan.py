@@ -260,7 +260,7 @@ def _pack(laid: _Layout, dedup: Dedup, work: torch.Tensor, keep: bool) -> None:
     tensors = list(dedup.unique.values())
     order, offsets, nbytes = laid.columns
     if work.device.type in TABLE_DEVICES and tensors:
-        addresses = dedup.addresses
+        addresses = dedup.addresses if dedup.addresses is not None and len(dedup.addresses) == len(tensors) else None
         if (
             addresses is None
             and all(t.device == work.device for t in tensors)

@@ -163,6 +163,8 @@ def unique_adapter(
     folded = fold_rank_scale(todo, config_rank=config_rank)
     if export_memo is not None and recalled is None:  # a full export: what a recall of it folds
         export_memo.note_rescaled(todo, folded)
+    if any(t is not todo[n] for n, t in folded.items()):
+        dedup.addresses = None  # a rescaled lora_B is a new tensor: the addresses the memo gave are the parameters'
     dedup.unique.update(folded)
     return dedup
 
