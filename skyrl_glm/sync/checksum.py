@@ -15,6 +15,7 @@ equally sized tensors laid out at a constant stride.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterator, Sequence
 from functools import cached_property
@@ -150,50 +151,48 @@ def _cpu_checks(words: np.ndarray, spans: Spans, finite: bool) -> tuple[np.ndarr
     return np.stack([plain, weighted], 1), ok
 
 
-_TRITON: list = []
 _BLOCK = 1024  # words per step of one program
 _SPLIT = 16  # programs per tensor (each strides over its tensor)
 
 
+@functools.cache
 def _kernel():
     """The Triton kernel (built on first use). Its lanes are 32 bits wide: the sums are wanted modulo 2**32, which
     unsigned 32-bit adds and multiplies give as they wrap, and the weight ``pos % 251 + 1`` is made from one 64-bit
     remainder per step and a 32-bit one per word. Compiled for sm_90a it takes 65 registers and spills none; with
     64-bit lanes and 4,096 words a step it took 255 and spilled (``docs/benchmarks.md``)."""
-    if not _TRITON:
-        import triton  # comes with PyTorch's CUDA builds
-        import triton.language as tl
+    import triton  # comes with PyTorch's CUDA builds
+    import triton.language as tl
 
-        @triton.jit
-        def checks_kernel(addrs, counts, kinds, out, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-            i = tl.program_id(0)
-            first = tl.program_id(1).to(tl.int64) * BLOCK
-            n = tl.load(counts + i)
-            if first < n:
-                words = tl.load(addrs + i).to(tl.pointer_type(tl.uint32))
-                kind = tl.load(kinds + i)
-                lane = tl.arange(0, BLOCK)
-                plain = tl.zeros([BLOCK], dtype=tl.uint32)
-                weighted = tl.zeros([BLOCK], dtype=tl.uint32)
-                bad = tl.zeros([BLOCK], dtype=tl.int32)
-                for lo in range(first, n, SPLIT * BLOCK):
-                    inside = lane < tl.minimum(n - lo, BLOCK).to(tl.int32)
-                    w = tl.load(words + lo + lane, mask=inside, other=0)
-                    weight = (tl.cast(lo % 251, tl.int32) + lane) % 251 + 1
-                    plain += w
-                    weighted += w * weight.to(tl.uint32)
-                    lo16 = w & 0xFFFF
-                    hi16 = w >> 16
-                    bad32 = (w & 0x7F800000) == 0x7F800000
-                    bad_bf = ((lo16 & 0x7F80) == 0x7F80) | ((hi16 & 0x7F80) == 0x7F80)
-                    bad_fp = ((lo16 & 0x7C00) == 0x7C00) | ((hi16 & 0x7C00) == 0x7C00)
-                    bad += tl.where(kind == 0, bad32, tl.where(kind == 1, bad_bf, bad_fp)).to(tl.int32)
-                tl.atomic_add(out + i * 3, tl.sum(plain, axis=0).to(tl.int64))
-                tl.atomic_add(out + i * 3 + 1, tl.sum(weighted, axis=0).to(tl.int64))
-                tl.atomic_add(out + i * 3 + 2, tl.sum(bad, axis=0).to(tl.int64))
+    @triton.jit
+    def checks_kernel(addrs, counts, kinds, out, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0)
+        first = tl.program_id(1).to(tl.int64) * BLOCK
+        n = tl.load(counts + i)
+        if first < n:
+            words = tl.load(addrs + i).to(tl.pointer_type(tl.uint32))
+            kind = tl.load(kinds + i)
+            lane = tl.arange(0, BLOCK)
+            plain = tl.zeros([BLOCK], dtype=tl.uint32)
+            weighted = tl.zeros([BLOCK], dtype=tl.uint32)
+            bad = tl.zeros([BLOCK], dtype=tl.int32)
+            for lo in range(first, n, SPLIT * BLOCK):
+                inside = lane < tl.minimum(n - lo, BLOCK).to(tl.int32)
+                w = tl.load(words + lo + lane, mask=inside, other=0)
+                weight = (tl.cast(lo % 251, tl.int32) + lane) % 251 + 1
+                plain += w
+                weighted += w * weight.to(tl.uint32)
+                lo16 = w & 0xFFFF
+                hi16 = w >> 16
+                bad32 = (w & 0x7F800000) == 0x7F800000
+                bad_bf = ((lo16 & 0x7F80) == 0x7F80) | ((hi16 & 0x7F80) == 0x7F80)
+                bad_fp = ((lo16 & 0x7C00) == 0x7C00) | ((hi16 & 0x7C00) == 0x7C00)
+                bad += tl.where(kind == 0, bad32, tl.where(kind == 1, bad_bf, bad_fp)).to(tl.int32)
+            tl.atomic_add(out + i * 3, tl.sum(plain, axis=0).to(tl.int64))
+            tl.atomic_add(out + i * 3 + 1, tl.sum(weighted, axis=0).to(tl.int64))
+            tl.atomic_add(out + i * 3 + 2, tl.sum(bad, axis=0).to(tl.int64))
 
-        _TRITON.append(checks_kernel)
-    return _TRITON[0]
+    return checks_kernel
 
 
 def _checks_cuda(device: torch.device, addrs: np.ndarray, words: np.ndarray, kinds: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ values: ``-0.0`` and ``0.0`` differ, a NaN equals the same NaN.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 
@@ -15,35 +16,33 @@ import torch
 
 _BLOCK = 8192  # elements per step of one program
 _SPLIT = 8  # programs per pair (each strides over its pair)
-_KERNEL: list = []
 
 
+@functools.cache
 def _kernel():
-    if not _KERNEL:
-        import triton  # comes with PyTorch's CUDA builds
-        import triton.language as tl
+    import triton  # comes with PyTorch's CUDA builds
+    import triton.language as tl
 
-        @triton.jit
-        def pairs_kernel(a_ptrs, b_ptrs, counts, out, WORDS: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-            pair = tl.program_id(0)
-            first = tl.program_id(1).to(tl.int64) * BLOCK
-            n = tl.load(counts + pair)
-            if first < n:
-                kind = tl.int32 if WORDS else tl.uint8
-                a = tl.load(a_ptrs + pair).to(tl.pointer_type(kind))
-                b = tl.load(b_ptrs + pair).to(tl.pointer_type(kind))
-                differ = tl.zeros([BLOCK], dtype=tl.int32)
-                for lo in range(first, n, SPLIT * BLOCK):
-                    pos = lo + tl.arange(0, BLOCK).to(tl.int64)
-                    inside = pos < n
-                    x = tl.load(a + pos, mask=inside, other=0)
-                    y = tl.load(b + pos, mask=inside, other=0)
-                    differ += (x != y).to(tl.int32)
-                if tl.sum(differ, axis=0) > 0:
-                    tl.store(out + pair, 1)
+    @triton.jit
+    def pairs_kernel(a_ptrs, b_ptrs, counts, out, WORDS: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        pair = tl.program_id(0)
+        first = tl.program_id(1).to(tl.int64) * BLOCK
+        n = tl.load(counts + pair)
+        if first < n:
+            kind = tl.int32 if WORDS else tl.uint8
+            a = tl.load(a_ptrs + pair).to(tl.pointer_type(kind))
+            b = tl.load(b_ptrs + pair).to(tl.pointer_type(kind))
+            differ = tl.zeros([BLOCK], dtype=tl.int32)
+            for lo in range(first, n, SPLIT * BLOCK):
+                pos = lo + tl.arange(0, BLOCK).to(tl.int64)
+                inside = pos < n
+                x = tl.load(a + pos, mask=inside, other=0)
+                y = tl.load(b + pos, mask=inside, other=0)
+                differ += (x != y).to(tl.int32)
+            if tl.sum(differ, axis=0) > 0:
+                tl.store(out + pair, 1)
 
-        _KERNEL.append(pairs_kernel)
-    return _KERNEL[0]
+    return pairs_kernel
 
 
 def equal_at(device: torch.device, a: np.ndarray, b: np.ndarray, counts: np.ndarray, words: bool) -> torch.Tensor:

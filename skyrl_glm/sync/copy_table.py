@@ -13,36 +13,36 @@ Only for contiguous tensors on one CUDA device (the caller checks); elsewhere ``
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 _BLOCK = 1024  # words per step of one program
 _SPLIT = 16  # programs per row (each strides over its row)
-_KERNEL: list = []
 
 
+@functools.cache
 def _kernel():
     """The Triton kernel (built on first use): row ``i``'s ``counts[i]`` words of ``WIDTH`` bytes copied."""
-    if not _KERNEL:
-        import triton  # comes with PyTorch's CUDA builds
-        import triton.language as tl
+    import triton  # comes with PyTorch's CUDA builds
+    import triton.language as tl
 
-        @triton.jit
-        def copies_kernel(srcs, dsts, counts, WIDTH: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-            i = tl.program_id(0)
-            first = tl.program_id(1).to(tl.int64) * BLOCK
-            n = tl.load(counts + i)
-            if first < n:
-                word = tl.uint64 if WIDTH == 8 else tl.uint32 if WIDTH == 4 else tl.uint8
-                src = tl.load(srcs + i).to(tl.pointer_type(word))
-                dst = tl.load(dsts + i).to(tl.pointer_type(word))
-                lane = tl.arange(0, BLOCK)
-                for lo in range(first, n, SPLIT * BLOCK):
-                    inside = lane < tl.minimum(n - lo, BLOCK).to(tl.int32)
-                    tl.store(dst + lo + lane, tl.load(src + lo + lane, mask=inside), mask=inside)
+    @triton.jit
+    def copies_kernel(srcs, dsts, counts, WIDTH: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0)
+        first = tl.program_id(1).to(tl.int64) * BLOCK
+        n = tl.load(counts + i)
+        if first < n:
+            word = tl.uint64 if WIDTH == 8 else tl.uint32 if WIDTH == 4 else tl.uint8
+            src = tl.load(srcs + i).to(tl.pointer_type(word))
+            dst = tl.load(dsts + i).to(tl.pointer_type(word))
+            lane = tl.arange(0, BLOCK)
+            for lo in range(first, n, SPLIT * BLOCK):
+                inside = lane < tl.minimum(n - lo, BLOCK).to(tl.int32)
+                tl.store(dst + lo + lane, tl.load(src + lo + lane, mask=inside), mask=inside)
 
-        _KERNEL.append(copies_kernel)
-    return _KERNEL[0]
+    return copies_kernel
 
 
 def width_of(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> int:
