@@ -15,10 +15,9 @@ equally sized tensors laid out at a constant stride.
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Iterator, Sequence
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 import numpy as np
@@ -155,7 +154,7 @@ _BLOCK = 1024  # words per step of one program
 _SPLIT = 16  # programs per tensor (each strides over its tensor)
 
 
-@functools.cache
+@cache
 def _kernel():
     """The Triton kernel (built on first use). Its lanes are 32 bits wide: the sums are wanted modulo 2**32, which
     unsigned 32-bit adds and multiplies give as they wrap, and the weight ``pos % 251 + 1`` is made from one 64-bit

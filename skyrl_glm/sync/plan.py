@@ -153,10 +153,10 @@ class _Layout:
 
     @cached_property
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The packing order, each entry's stream offset and its bytes, as arrays (the copy table's columns)."""
-        offsets = np.fromiter((e.offset for e in self.entries), np.int64, len(self.entries))
+        """The packing order, each entry's stream offset (the checksum spans' own column) and its bytes, as arrays
+        (the copy table's columns)."""
         nbytes = np.fromiter((e.nbytes for e in self.entries), np.int64, len(self.entries))
-        return np.asarray(self.order, dtype=np.int64), offsets, nbytes
+        return np.asarray(self.order, dtype=np.int64), self.manifest.spans.columns[0], nbytes
 
     def views_of(self, buffer: torch.Tensor, keep: bool) -> list[list[torch.Tensor]]:
         """Per dtype, the typed views of ``buffer`` its fused copy writes. ``keep``: the buffer is the transport's
