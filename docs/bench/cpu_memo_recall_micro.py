@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -26,9 +27,17 @@ from skyrl_glm.sync.dedup import deduplicate
 LAYERS, GROUPS, PARAMS = 75, 64, ("gate_A", "gate_B", "up_A", "up_B", "down_A", "down_B")
 
 
+def refuse(message: str) -> NoReturn:
+    """Bad input: one line, exit 2."""
+    print(f"cpu_memo_recall_micro: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def older(rev: str):
     """``skyrl_glm/sync/export_memo.py`` as it was at ``rev``, loaded as a module of its own."""
     text = subprocess.run(["git", "show", f"{rev}:skyrl_glm/sync/export_memo.py"], capture_output=True, text=True)
+    if text.returncode != 0:
+        refuse(f"{rev!r}: no skyrl_glm/sync/export_memo.py at that revision")
     path = Path(tempfile.mkdtemp()) / "export_memo_older.py"
     path.write_text(text.stdout)
     spec = importlib.util.spec_from_file_location("export_memo_older", path)
@@ -38,6 +47,8 @@ def older(rev: str):
 
 
 def main() -> None:
+    if len(sys.argv) != 2:
+        refuse("usage: python docs/bench/cpu_memo_recall_micro.py REV")
     rev = sys.argv[1]
     params = [
         torch.zeros(4, 8 + k) for _ in range(LAYERS) for _ in range(GROUPS) for k in range(len(PARAMS))
